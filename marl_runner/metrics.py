@@ -1,0 +1,126 @@
+"""Per-episode metric records, phase timings, and the summary ``get_metrics()`` returns."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from typing import Any, NamedTuple
+
+import numpy as np
+
+PHASES = ("raw_obs_processing", "inference", "action_processing", "env_wait", "env_render")
+
+
+class RolloutMetrics(NamedTuple):
+    """What one finished (or faulty) episode reports."""
+
+    episode_length: int
+    episode_reward: float
+    agent_rewards: dict
+    custom_metrics: dict
+    perf_stats: dict
+    hist_data: dict
+    media: dict
+    connector_metrics: dict
+    episode_faulty: bool = False
+
+
+class PerfStats:
+    """Milliseconds per runner step for each phase: global mean or EMA.
+
+    With ``ema_coef`` set, recent steps weigh more, which tracks changes in
+    a long run; without it every step counts the same.
+    """
+
+    def __init__(self, ema_coef: float | None = None) -> None:
+        self.ema_coef = ema_coef
+        self.num_steps = 0
+        self._totals = dict.fromkeys(PHASES, 0.0)
+        self._ema = dict.fromkeys(PHASES, 0.0)
+        self._current = dict.fromkeys(PHASES, 0.0)
+
+    def add(self, phase: str, seconds: float) -> None:
+        self._current[phase] += seconds
+
+    def end_step(self) -> None:
+        self.num_steps += 1
+        for phase, seconds in self._current.items():
+            if self.ema_coef is None:
+                self._totals[phase] += seconds
+            elif self.num_steps == 1:
+                self._ema[phase] = seconds
+            else:
+                self._ema[phase] = (1 - self.ema_coef) * self._ema[phase] + self.ema_coef * seconds
+            self._current[phase] = 0.0
+
+    def get(self) -> dict[str, float]:
+        if self.ema_coef is None:
+            steps = max(self.num_steps, 1)
+            values = {p: s / steps for p, s in self._totals.items()}
+        else:
+            values = self._ema
+        return {f"mean_{phase}_ms": values[phase] * 1000.0 for phase in PHASES}
+
+
+class MetricsCollector:
+    """Accumulates episode records and step counts between ``get_metrics()`` calls."""
+
+    def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        self.episodes: list[RolloutMetrics] = []
+        self.num_env_steps = 0
+        self.num_agent_steps = 0
+        self.num_late_rewards = 0
+        self.since = time.perf_counter()
+
+    def add_episode(self, record: RolloutMetrics) -> None:
+        self.episodes.append(record)
+
+    def summary(self, perf: dict[str, float], connector_metrics: dict) -> dict[str, Any]:
+        """The metrics since the last call; resets the counters."""
+        elapsed = max(time.perf_counter() - self.since, 1e-9)
+        good = [e for e in self.episodes if not e.episode_faulty]
+        policy_rewards: dict[str, list[float]] = defaultdict(list)
+        custom: dict[str, list[float]] = defaultdict(list)
+        for episode in good:
+            per_policy: dict[str, float] = defaultdict(float)
+            for (_agent, policy_id), reward in episode.agent_rewards.items():
+                if policy_id is not None:
+                    per_policy[policy_id] += reward
+            for policy_id, reward in per_policy.items():
+                policy_rewards[policy_id].append(reward)
+            for name, value in episode.custom_metrics.items():
+                custom[name].append(value)
+        metrics = {
+            "episodes": len(good),
+            "episode_reward_mean": _mean([e.episode_reward for e in good]),
+            "episode_reward_min": _min([e.episode_reward for e in good]),
+            "episode_reward_max": _max([e.episode_reward for e in good]),
+            "episode_len_mean": _mean([e.episode_length for e in good]),
+            "policy_reward_mean": {p: float(np.mean(r)) for p, r in policy_rewards.items()},
+            "custom_metrics": {k: float(np.mean(v)) for k, v in custom.items()},
+            "num_faulty_episodes": len(self.episodes) - len(good),
+            "num_late_rewards": self.num_late_rewards,
+            "num_env_steps": self.num_env_steps,
+            "num_agent_steps": self.num_agent_steps,
+            "env_steps_per_s": self.num_env_steps / elapsed,
+            "agent_steps_per_s": self.num_agent_steps / elapsed,
+            "perf": perf,
+            "connector_metrics": connector_metrics,
+        }
+        self._reset()
+        return metrics
+
+
+def _mean(values: list[float]) -> float:
+    return float(np.mean(values)) if values else float("nan")
+
+
+def _min(values: list[float]) -> float:
+    return float(np.min(values)) if values else float("nan")
+
+
+def _max(values: list[float]) -> float:
+    return float(np.max(values)) if values else float("nan")

@@ -1,0 +1,242 @@
+"""Columnar trajectory storage: one chunk per policy per round, transitions built in bulk.
+
+Each stored row is one observation event of one agent: the obs (after agent
+connectors) with the reward credited with it, its flags and infos, and the
+action the policy took on it. A transition pairs a row with the next row of
+the same trajectory key, so ``new_obs[i] == obs[i + 1]`` holds by
+construction and no observation is stored twice.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from marl_runner.batch import SampleBatch
+
+# Columns read from the *closing* row of a transition; all others come from its opening row.
+CLOSING_COLUMNS = ("rewards", "terminateds", "truncateds", "infos")
+KEY_COLUMN = "keys"
+
+
+class KeyTable:
+    """Per-trajectory facts, indexed by small recycled integer keys.
+
+    A key names one agent in one episode from its first obs until its last
+    transition has been handed out in a batch; then it is released.
+    """
+
+    def __init__(self, capacity: int = 256) -> None:
+        self.env_id = np.zeros(capacity, np.int64)
+        self.eps_id = np.zeros(capacity, np.int64)
+        self.agent_index = np.zeros(capacity, np.int64)
+        self.t_base = np.zeros(capacity, np.int64)
+        self.reward_sum = np.zeros(capacity, np.float64)
+        self.late_reward = np.zeros(capacity, np.float64)
+        self.agent_id = np.empty(capacity, object)
+        self.slot: list[Any] = [None] * capacity
+        self.episode: list[Any] = [None] * capacity
+        self._free = list(range(capacity - 1, -1, -1))
+
+    @property
+    def capacity(self) -> int:
+        return len(self.env_id)
+
+    def allocate(self, env_id: int, episode: Any, agent_index: int, agent_id: Any, slot: Any) -> int:
+        if not self._free:
+            self._grow()
+        key = self._free.pop()
+        self.env_id[key] = env_id
+        self.eps_id[key] = episode.episode_id
+        self.agent_index[key] = agent_index
+        self.t_base[key] = 0
+        self.reward_sum[key] = 0.0
+        self.late_reward[key] = 0.0
+        self.agent_id[key] = agent_id
+        self.slot[key] = slot
+        self.episode[key] = episode
+        return key
+
+    def release(self, keys: np.ndarray) -> None:
+        """Frees finished trajectories; their slots keep the final reward sum."""
+        for key in keys.tolist():
+            slot = self.slot[key]
+            slot.reward_total = float(self.reward_sum[key] + self.late_reward[key])
+            self.slot[key] = None
+            self.episode[key] = None
+            self.agent_id[key] = None
+            self._free.append(key)
+
+    def live_keys(self) -> list[int]:
+        return [k for k, slot in enumerate(self.slot) if slot is not None]
+
+    def mask(self, keys: list[int] | np.ndarray) -> np.ndarray:
+        """A boolean lookup over all keys, true for ``keys``."""
+        mask = np.zeros(self.capacity, bool)
+        mask[np.asarray(keys, np.int64)] = True
+        return mask
+
+    def _grow(self) -> None:
+        old = self.capacity
+        new = old * 2
+        for name in ("env_id", "eps_id", "agent_index", "t_base", "reward_sum", "late_reward", "agent_id"):
+            array = getattr(self, name)
+            grown = np.zeros(new, array.dtype) if array.dtype != object else np.empty(new, object)
+            grown[:old] = array
+            setattr(self, name, grown)
+        self.slot.extend([None] * old)
+        self.episode.extend([None] * old)
+        self._free.extend(range(new - 1, old - 1, -1))
+
+
+class PolicyTrajectories:
+    """The stored rows of one policy, as a list of per-round column chunks."""
+
+    def __init__(self, policy_id: str) -> None:
+        self.policy_id = policy_id
+        self.chunks: list[dict[str, Any]] = []
+
+    def add(self, chunk: dict[str, Any]) -> None:
+        self.chunks.append(chunk)
+
+    def extend(self, other: PolicyTrajectories) -> None:
+        """Takes over another store's rows (a removed policy's, for its remapped agents)."""
+        self.chunks.extend(other.chunks)
+        other.chunks = []
+
+    def num_rows(self) -> int:
+        return sum(len(c[KEY_COLUMN]) for c in self.chunks)
+
+    def drop_keys(self, key_mask: np.ndarray) -> None:
+        """Discards every row of the masked keys (a faulty episode's data)."""
+        if not self.chunks:
+            return
+        columns = _concat_chunks(self.chunks)
+        keep = ~key_mask[columns[KEY_COLUMN]]
+        self.chunks = [_take(columns, keep)] if keep.any() else []
+
+    def build(
+        self, key_mask: np.ndarray, keys: KeyTable, unroll_id: int
+    ) -> tuple[SampleBatch | None, np.ndarray, np.ndarray]:
+        """Turns the rows of the masked keys into transitions.
+
+        Returns the batch (None when no transition closed), the keys whose
+        trajectories finished (to release), and the start/stop row of each
+        key's transitions in the batch (as a ``[num_keys, 3]`` array of
+        key, start, stop) for per-trajectory post-processing.
+        """
+        if not self.chunks:
+            return None, np.zeros(0, np.int64), np.zeros((0, 3), np.int64)
+        columns = _concat_chunks(self.chunks)
+        row_keys = columns[KEY_COLUMN]
+        selected = key_mask[row_keys]
+        kept = None
+        if not selected.all():
+            kept = _take(columns, ~selected)
+            columns = _take(columns, selected)
+            row_keys = columns[KEY_COLUMN]
+
+        order = np.argsort(row_keys, kind="stable")
+        sorted_keys = row_keys[order]
+        num_rows = len(sorted_keys)
+        same_as_next = sorted_keys[:-1] == sorted_keys[1:]
+        last_in_group = np.append(~same_as_next, True)
+        first_in_group = np.insert(~same_as_next, 0, True)
+        done = (columns["terminateds"] | columns["truncateds"])[order]
+
+        open_pos = np.flatnonzero(same_as_next)
+        close_pos = open_pos + 1
+        opening = order[open_pos]
+        closing = order[close_pos]
+
+        positions = np.arange(num_rows)
+        group_start = np.maximum.accumulate(np.where(first_in_group, positions, 0))
+        rank = positions - group_start
+
+        carry = order[last_in_group & ~done]
+        finished = sorted_keys[last_in_group & done]
+        carry_keys = row_keys[carry]
+        carry_rank = rank[last_in_group & ~done]
+
+        remaining = []
+        if len(carry):
+            remaining.append(_take(columns, carry))
+        if kept is not None:
+            remaining.append(kept)
+        self.chunks = remaining
+
+        if not len(open_pos):
+            keys.t_base[carry_keys] += carry_rank
+            return None, finished, np.zeros((0, 3), np.int64)
+
+        batch = SampleBatch()
+        for name, column in columns.items():
+            if name == KEY_COLUMN:
+                continue
+            if name in CLOSING_COLUMNS:
+                batch[name] = column[closing]
+            elif name == "obs":
+                batch["obs"] = column[opening]
+                batch["new_obs"] = column[closing]
+            else:
+                batch[name] = column[opening]
+
+        transition_keys = sorted_keys[open_pos]
+        batch["t"] = keys.t_base[transition_keys] + rank[open_pos]
+        batch["eps_id"] = keys.eps_id[transition_keys]
+        batch["env_id"] = keys.env_id[transition_keys]
+        batch["agent_index"] = keys.agent_index[transition_keys]
+        batch["unroll_id"] = np.full(len(open_pos), unroll_id, np.int64)
+        if "state_in_0" in batch:
+            batch["seq_lens"] = np.ones(len(open_pos), np.int32)
+
+        closes_trajectory = (last_in_group & done)[close_pos]
+        if closes_trajectory.any():
+            late = keys.late_reward[transition_keys[closes_trajectory]]
+            if late.any():
+                rewards = batch["rewards"].astype(np.float32, copy=True)
+                rewards[closes_trajectory] += late.astype(np.float32)
+                batch["rewards"] = rewards
+
+        keys.t_base[carry_keys] += carry_rank
+        segments = _segments(transition_keys)
+        return batch, finished, segments
+
+
+def _segments(sorted_keys: np.ndarray) -> np.ndarray:
+    """(key, start, stop) of each run of equal keys."""
+    if not len(sorted_keys):
+        return np.zeros((0, 3), np.int64)
+    starts = np.flatnonzero(np.insert(sorted_keys[1:] != sorted_keys[:-1], 0, True))
+    stops = np.append(starts[1:], len(sorted_keys))
+    return np.stack([sorted_keys[starts], starts, stops], axis=1)
+
+
+def _take(columns: dict[str, Any], index: np.ndarray) -> dict[str, Any]:
+    return {name: column[index] for name, column in columns.items()}
+
+
+def _concat_chunks(chunks: list[dict[str, Any]]) -> dict[str, Any]:
+    """Concatenates chunks column by column.
+
+    A round in which every row was done has no action-side columns (nothing
+    was evaluated); those rows only ever close transitions, so zeros fill in.
+    """
+    if len(chunks) == 1:
+        return chunks[0]
+    names: dict[str, Any] = {}
+    for chunk in chunks:
+        for name, column in chunk.items():
+            names.setdefault(name, column)
+    columns = {}
+    for name, example in names.items():
+        parts = []
+        for chunk in chunks:
+            part = chunk.get(name)
+            if part is None:
+                length = len(chunk[KEY_COLUMN])
+                part = np.zeros((length,) + example.shape[1:], example.dtype)
+            parts.append(part)
+        columns[name] = np.concatenate(parts, axis=0)
+    return columns
