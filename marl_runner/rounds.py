@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import tree
 
 from connectors.data import AgentRows
 from marl_runner.trajectories import KeyTable
@@ -77,3 +78,17 @@ class RoundRows:
             }
         )
         return rows, raw_rewards
+
+
+def concat_rows(first: AgentRows, second: AgentRows) -> AgentRows:
+    """Rows of two phases of one round (env data, then reset obs) as one set of columns."""
+    columns = {}
+    for name, column in first.columns.items():
+        other = second[name]
+        if isinstance(column, np.ndarray):
+            columns[name] = np.concatenate([column, other])
+        elif isinstance(column, (dict, tuple)):
+            columns[name] = tree.map_structure(lambda a, b: np.concatenate([a, b]), column, other)
+        else:
+            columns[name] = list(column) + list(other)
+    return AgentRows(columns)

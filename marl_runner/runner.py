@@ -31,7 +31,7 @@ from marl_runner.mapping import make_policy_mapping_fn
 from marl_runner.metrics import MetricsCollector, PerfStats, RolloutMetrics
 from marl_runner.policy import Policy
 from marl_runner.policy_setup import PolicyEntry, build_entry, infer_policy_spaces
-from marl_runner.rounds import RoundRows
+from marl_runner.rounds import RoundRows, concat_rows
 from marl_runner.trajectories import KEY_COLUMN, KeyTable
 
 logger = logging.getLogger(__name__)
@@ -381,7 +381,8 @@ class EnvRunner:
             and True not in env_truncateds.values()
         ):
             zeros, empty = repeat(0.0), repeat(_EMPTY_INFO)
-            for rows, agent_ids, keys in layout.groups:
+            for policy_id, agent_ids, keys in layout.groups:
+                rows = phase.rows_for(policy_id)
                 rows.obs.extend(map(env_obs.__getitem__, agent_ids))
                 rows.rewards.extend(map(env_rewards.get, agent_ids, zeros))
                 rows.infos.extend(map(env_infos.get, agent_ids, empty))
@@ -471,7 +472,7 @@ class EnvRunner:
         else:
             episode.layout = EpisodeLayout(
                 frozenset(a for _, ids, _ in groups.values() for a in ids),
-                [(rows, tuple(ids), tuple(keys)) for rows, ids, keys in groups.values()],
+                [(pid, tuple(ids), tuple(keys)) for pid, (_, ids, keys) in groups.items()],
             )
 
     def _add_fake_final_obs(
@@ -822,7 +823,7 @@ class _Phase:
 def _merge_rows(first: dict[str, AgentRows], second: dict[str, AgentRows]) -> dict[str, AgentRows]:
     merged = dict(first)
     for policy_id, rows in second.items():
-        merged[policy_id] = rows if policy_id not in merged else merged[policy_id].concat(rows)
+        merged[policy_id] = rows if policy_id not in merged else concat_rows(merged[policy_id], rows)
     return merged
 
 

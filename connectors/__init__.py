@@ -1,0 +1,91 @@
+"""Connectors: the steps between a multi-agent env and its policies.
+
+Agent connectors turn a round's raw per-agent data into policy input; action
+connectors turn policy output into env actions. Pipelines chain them, check
+that their spaces fit when built, and time each step.
+"""
+
+from connectors.action import (
+    ClipActionsConnector,
+    ConvertToNumpyConnector,
+    ImmutableActionsConnector,
+    LambdaActionConnector,
+    NormalizeActionsConnector,
+)
+from connectors.agent import (
+    ClipRewardAgentConnector,
+    FlattenDataAgentConnector,
+    LambdaAgentConnector,
+    MeanStdObservationFilterAgentConnector,
+    ObsPreprocessorConnector,
+    RunningStats,
+    StateBufferConnector,
+    ViewRequirementAgentConnector,
+)
+from connectors.base import ActionConnector, AgentConnector, Connector, ConnectorContext
+from connectors.data import (
+    META_COLUMNS,
+    ActionConnectorDataType,
+    ActionRows,
+    AgentConnectorDataType,
+    AgentConnectorsOutput,
+    AgentRows,
+)
+from connectors.errors import ConnectorError
+from connectors.pipeline import (
+    ActionConnectorPipeline,
+    AgentConnectorPipeline,
+    ConnectorPipeline,
+    ConnectorTiming,
+)
+from connectors.registry import (
+    build_connectors,
+    build_pipeline,
+    default_action_connectors,
+    default_agent_connectors,
+    get_connector,
+    register_connector,
+    register_lambda_action_connector,
+    register_lambda_agent_connector,
+    registered_names,
+)
+
+__all__ = [
+    "META_COLUMNS",
+    "ActionConnector",
+    "ActionConnectorDataType",
+    "ActionConnectorPipeline",
+    "ActionRows",
+    "AgentConnector",
+    "AgentConnectorDataType",
+    "AgentConnectorPipeline",
+    "AgentConnectorsOutput",
+    "AgentRows",
+    "ClipActionsConnector",
+    "ClipRewardAgentConnector",
+    "Connector",
+    "ConnectorContext",
+    "ConnectorError",
+    "ConnectorPipeline",
+    "ConnectorTiming",
+    "ConvertToNumpyConnector",
+    "FlattenDataAgentConnector",
+    "ImmutableActionsConnector",
+    "LambdaActionConnector",
+    "LambdaAgentConnector",
+    "MeanStdObservationFilterAgentConnector",
+    "NormalizeActionsConnector",
+    "ObsPreprocessorConnector",
+    "RunningStats",
+    "StateBufferConnector",
+    "ViewRequirementAgentConnector",
+    "build_connectors",
+    "build_pipeline",
+    "default_action_connectors",
+    "default_agent_connectors",
+    "get_connector",
+    "register_connector",
+    "register_lambda_action_connector",
+    "register_lambda_agent_connector",
+    "registered_names",
+]

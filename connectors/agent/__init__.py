@@ -1,0 +1,20 @@
+"""Built-in agent connectors: raw per-agent env data -> policy input."""
+
+from connectors.agent.flatten import FlattenDataAgentConnector
+from connectors.agent.lambdas import LambdaAgentConnector
+from connectors.agent.mean_std_filter import MeanStdObservationFilterAgentConnector, RunningStats
+from connectors.agent.obs_preprocessor import ObsPreprocessorConnector
+from connectors.agent.rewards import ClipRewardAgentConnector
+from connectors.agent.state_buffer import StateBufferConnector
+from connectors.agent.view_requirements import ViewRequirementAgentConnector
+
+__all__ = [
+    "ClipRewardAgentConnector",
+    "FlattenDataAgentConnector",
+    "LambdaAgentConnector",
+    "MeanStdObservationFilterAgentConnector",
+    "ObsPreprocessorConnector",
+    "RunningStats",
+    "StateBufferConnector",
+    "ViewRequirementAgentConnector",
+]

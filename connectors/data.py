@@ -1,0 +1,259 @@
+"""Data that travels through connector pipelines.
+
+The runner never builds per-agent objects on its hot path: one policy's rows
+of one round travel as columns (``AgentRows``), and the policy's output for
+them as ``ActionRows``. The per-item types exist so that a user connector can
+be written against one row at a time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import numpy as np
+import tree
+
+from connectors.errors import ConnectorError
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Mapping, Sequence
+
+    from typing_extensions import Self
+
+#: Bookkeeping columns the runner fills in and reads back; not stored as data.
+META_COLUMNS = frozenset({"infos", "env_ids", "agent_ids", "keys", "is_first"})
+
+#: Columns a per-item connector sees as item fields rather than in ``data``.
+_ITEM_FIELD_COLUMNS = ("env_ids", "agent_ids")
+
+
+@dataclass
+class AgentConnectorDataType:
+    """One agent's row: ``data`` maps column name to this row's value."""
+
+    env_id: int
+    agent_id: Any
+    data: dict[str, Any]
+
+
+@dataclass
+class ActionConnectorDataType:
+    """One row of policy output: ``output`` is ``(action, state_outs, extra)``."""
+
+    env_id: int
+    agent_id: Any
+    input_dict: dict[str, Any]
+    output: tuple[Any, list[Any], dict[str, Any]]
+
+
+class AgentConnectorsOutput(NamedTuple):
+    """An agent's data before (``raw_dict``) and after (``sample_batch``) its agent connectors."""
+
+    raw_dict: dict[str, Any]
+    sample_batch: dict[str, Any]
+
+
+def _column_length(column: Any) -> int:
+    if isinstance(column, (dict, tuple)):
+        leaves = tree.flatten(column)
+        return len(leaves[0]) if leaves else 0
+    return len(column)
+
+
+def _index_column(column: Any, index: np.ndarray) -> Any:
+    """Rows ``index`` of a column: array, list of row values, or nested structure of arrays."""
+    if isinstance(column, np.ndarray):
+        return column[index]
+    if isinstance(column, (dict, tuple)):
+        return tree.map_structure(lambda leaf: leaf[index], column)
+    return [column[i] for i in index.tolist()]
+
+
+def _row_value(column: Any, i: int) -> Any:
+    if isinstance(column, (dict, tuple)):
+        return tree.map_structure(lambda leaf: leaf[i], column)
+    return column[i]
+
+
+def _is_array_like(value: Any) -> bool:
+    return isinstance(value, (np.ndarray, np.generic, bool, int, float))
+
+
+def _stack_column(name: str, values: list[Any], like: Any) -> Any:
+    """Put row values back into a column of the same kind as ``like`` (or inferred)."""
+    as_array = (
+        isinstance(like, np.ndarray) if like is not None else all(map(_is_array_like, values))
+    )
+    if not as_array:
+        return list(values)
+    if not values:
+        return like[:0] if like is not None else np.zeros(0)
+    try:
+        return np.stack([np.asarray(v) for v in values])
+    except ValueError as err:
+        raise ConnectorError(f"column {name!r}: rows do not stack into one array ({err})") from None
+
+
+class AgentRows:
+    """One policy's rows of one round, as named columns of equal length.
+
+    Columns are numpy arrays (first dim = rows), lists of per-row values
+    (raw observations, infos, agent ids) or nested structures of arrays.
+    Connectors replace columns in place (``rows["obs"] = ...``) and return
+    the same object.
+    """
+
+    __slots__ = ("columns",)
+
+    def __init__(self, columns: Mapping[str, Any] | None = None) -> None:
+        self.columns: dict[str, Any] = dict(columns or {})
+
+    def __getitem__(self, name: str) -> Any:
+        return self.columns[name]
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        self.columns[name] = value
+
+    def __delitem__(self, name: str) -> None:
+        del self.columns[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.columns
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.columns)
+
+    def __len__(self) -> int:
+        column = self.columns.get("keys")
+        if column is None:
+            if not self.columns:
+                return 0
+            column = next(iter(self.columns.values()))
+        return _column_length(column)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self.columns.get(name, default)
+
+    def __repr__(self) -> str:
+        return f"AgentRows(n={len(self)}, columns={list(self.columns)})"
+
+    def select(self, mask_or_index: np.ndarray | Sequence[int] | slice) -> AgentRows:
+        """New rows holding only the selected rows of every column.
+
+        ``mask_or_index``: a boolean mask, integer indices or a slice.
+        """
+        if isinstance(mask_or_index, slice):
+            index = np.arange(len(self))[mask_or_index]
+        else:
+            index = np.atleast_1d(np.asarray(mask_or_index))
+            if index.dtype == np.bool_:
+                index = np.flatnonzero(index)
+            elif index.size == 0:
+                index = index.astype(np.int64)
+        return AgentRows({name: _index_column(col, index) for name, col in self.columns.items()})
+
+    def to_items(self) -> list[AgentConnectorDataType]:
+        """One item per row; ``env_ids``/``agent_ids`` become the item's fields."""
+        env_ids = self.columns.get("env_ids")
+        agent_ids = self.columns.get("agent_ids")
+        data_columns = {n: c for n, c in self.columns.items() if n not in _ITEM_FIELD_COLUMNS}
+        return [
+            AgentConnectorDataType(
+                env_id=None if env_ids is None else int(env_ids[i]),
+                agent_id=None if agent_ids is None else agent_ids[i],
+                data={name: _row_value(col, i) for name, col in data_columns.items()},
+            )
+            for i in range(len(self))
+        ]
+
+    @classmethod
+    def from_items(
+        cls, items: Sequence[AgentConnectorDataType], like: AgentRows | None = None
+    ) -> Self:
+        """Rows from items; columns of ``like`` keep their kind (array or list).
+
+        New columns become arrays when every value is a number or array,
+        else lists.
+        """
+        names: list[str] = list(like.columns) if like is not None and not items else []
+        for item in items:
+            names.extend(n for n in item.data if n not in names)
+        names = [n for n in names if n not in _ITEM_FIELD_COLUMNS]
+        columns: dict[str, Any] = {}
+        for name in names:
+            values = []
+            for position, item in enumerate(items):
+                if name not in item.data:
+                    raise ConnectorError(
+                        f"item {position} has no {name!r} value; other items have one"
+                    )
+                values.append(item.data[name])
+            columns[name] = _stack_column(
+                name, values, like.get(name) if like is not None else None
+            )
+        columns["env_ids"] = np.asarray([item.env_id for item in items], dtype=np.int64)
+        columns["agent_ids"] = [item.agent_id for item in items]
+        return cls(columns)
+
+
+@dataclass
+class ActionRows:
+    """A policy's output for the rows it evaluated (aligned with ``input_rows``).
+
+    ``actions`` is an array or a nested structure of arrays (first dim = rows);
+    ``state_outs`` a list of arrays; ``extra`` a dict of arrays (e.g.
+    ``action_logp``, ``vf_preds``).
+    """
+
+    actions: Any
+    state_outs: list[Any] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+    keys: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    env_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    agent_ids: list[Any] = field(default_factory=list)
+    input_rows: AgentRows | None = None
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def replace(self, **changes: Any) -> ActionRows:
+        """A copy with some fields changed (connectors never mutate their input)."""
+        return replace(self, **changes)
+
+    def to_items(self) -> list[ActionConnectorDataType]:
+        """One item per row, with the row of ``input_rows`` as its ``input_dict``."""
+        inputs = self.input_rows.columns if self.input_rows is not None else {}
+        return [
+            ActionConnectorDataType(
+                env_id=int(self.env_ids[i]),
+                agent_id=self.agent_ids[i],
+                input_dict={name: _row_value(col, i) for name, col in inputs.items()},
+                output=(
+                    _row_value(self.actions, i),
+                    [state[i] for state in self.state_outs],
+                    {name: _row_value(value, i) for name, value in self.extra.items()},
+                ),
+            )
+            for i in range(len(self))
+        ]
+
+    @classmethod
+    def from_items(cls, items: Sequence[ActionConnectorDataType], like: ActionRows) -> ActionRows:
+        """Rows from items that map one to one onto the rows of ``like``."""
+        if len(items) != len(like):
+            raise ConnectorError(
+                f"an action connector must return one item per row: got {len(items)} for {len(like)} rows"
+            )
+        if not items:
+            return like.replace()
+
+        def stack(*values: Any) -> np.ndarray:
+            return np.stack([np.asarray(v) for v in values])
+
+        actions, state_outs, extra = zip(*(item.output for item in items))
+        return like.replace(
+            actions=tree.map_structure(stack, *actions),
+            state_outs=[stack(*column) for column in zip(*state_outs)],
+            extra={name: tree.map_structure(stack, *(e[name] for e in extra)) for name in extra[0]},
+        )

@@ -1,0 +1,252 @@
+"""Chains of connectors, checked when built and timed when run."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, NamedTuple, TypeVar, overload
+
+import gymnasium as gym
+
+from connectors.base import ActionConnector, AgentConnector, Connector, ConnectorContext
+from connectors.data import ActionRows, AgentRows
+from connectors.errors import ConnectorError
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+C = TypeVar("C", bound=Connector)
+Key = str | type
+
+
+class ConnectorTiming(NamedTuple):
+    """Time one connector spent in a pipeline since the last ``pop_timings``."""
+
+    seconds: float
+    calls: int
+
+    @property
+    def mean_ms(self) -> float:
+        return 1000.0 * self.seconds / self.calls if self.calls else 0.0
+
+
+def _names(connector: Connector) -> tuple[str, str]:
+    return type(connector).__name__, connector.registry_name()
+
+
+class ConnectorPipeline(Generic[C]):
+    """An ordered chain of connectors, run one after the other on each call.
+
+    Connectors are found by index, by class name / registered name, or by
+    class (``isinstance``, first match). A name or class that is not in the
+    chain raises ``KeyError`` listing what is there; a chain that does not
+    fit together raises ``ConnectorError`` and leaves the pipeline unchanged.
+    """
+
+    connector_type: ClassVar[type[Connector]] = Connector
+    kind: ClassVar[str] = "connector"
+
+    def __init__(self, ctx: ConnectorContext, connectors: Iterable[C] = ()) -> None:
+        self.ctx = ctx
+        self.is_training = True
+        self._connectors: list[C] = []
+        self._timers: dict[str, list[float]] = {}
+        self._slots: list[list[float]] = []
+        self._set_chain(list(connectors))
+
+    # --- the chain ---------------------------------------------------------
+
+    def _set_chain(self, chain: list[C]) -> None:
+        for position, connector in enumerate(chain):
+            if not isinstance(connector, self.connector_type):
+                raise ConnectorError(
+                    f"{type(self).__name__} takes {self.connector_type.__name__}s; "
+                    f"item {position} is {connector!r}"
+                )
+        self._check(chain)
+        for connector in chain:
+            if self.is_training:
+                connector.in_training()
+            else:
+                connector.in_eval()
+        self._connectors = chain
+        # Timers are shared by name, so one dict lookup per chain edit, none per call.
+        self._slots = [self._timers.setdefault(type(c).__name__, [0.0, 0]) for c in chain]
+
+    def _check(self, chain: list[C]) -> None:
+        """Validate a candidate chain (agent pipelines check spaces)."""
+
+    def _index(self, key: Key) -> int:
+        for i, connector in enumerate(self._connectors):
+            if isinstance(key, str):
+                if key in _names(connector):
+                    return i
+            elif isinstance(key, type):
+                if isinstance(connector, key):
+                    return i
+            else:
+                raise TypeError(f"look connectors up by name or class, not {key!r}")
+        wanted = key if isinstance(key, str) else key.__name__
+        names = [type(c).__name__ for c in self._connectors]
+        raise KeyError(f"no connector {wanted!r} in {type(self).__name__}; it has {names}")
+
+    def append(self, connector: C) -> None:
+        self._set_chain([*self._connectors, connector])
+
+    def prepend(self, connector: C) -> None:
+        self._set_chain([connector, *self._connectors])
+
+    def insert_before(self, name_or_cls: Key, connector: C) -> None:
+        i = self._index(name_or_cls)
+        self._set_chain([*self._connectors[:i], connector, *self._connectors[i:]])
+
+    def insert_after(self, name_or_cls: Key, connector: C) -> None:
+        i = self._index(name_or_cls) + 1
+        self._set_chain([*self._connectors[:i], connector, *self._connectors[i:]])
+
+    def remove(self, name_or_cls: Key) -> C:
+        """Take the first matching connector out of the chain and return it."""
+        i = self._index(name_or_cls)
+        removed = self._connectors[i]
+        self._set_chain([*self._connectors[:i], *self._connectors[i + 1 :]])
+        return removed
+
+    @overload
+    def __getitem__(self, key: int) -> C: ...
+    @overload
+    def __getitem__(self, key: slice) -> list[C]: ...
+    @overload
+    def __getitem__(self, key: Key) -> C: ...
+    def __getitem__(self, key: int | slice | Key) -> C | list[C]:
+        if isinstance(key, (int, slice)):
+            return self._connectors[key]
+        return self._connectors[self._index(key)]
+
+    def __contains__(self, key: object) -> bool:
+        try:
+            self._index(key)  # type: ignore[arg-type]
+        except (KeyError, TypeError):
+            return False
+        return True
+
+    def __len__(self) -> int:
+        return len(self._connectors)
+
+    def __iter__(self) -> Iterator[C]:
+        return iter(list(self._connectors))
+
+    def __repr__(self) -> str:
+        if not self._connectors:
+            return f"{type(self).__name__}([])"
+        inner = ",\n".join(f"  {c!r}" for c in self._connectors)
+        return f"{type(self).__name__}([\n{inner},\n])"
+
+    # --- running -----------------------------------------------------------
+
+    def _run(self, data: Any) -> Any:
+        clock = time.perf_counter
+        start = clock()
+        for connector, slot in zip(self._connectors, self._slots):
+            data = connector(data)
+            now = clock()
+            slot[0] += now - start
+            slot[1] += 1
+            start = now
+        return data
+
+    @property
+    def timings(self) -> dict[str, float]:
+        """Seconds spent per connector name since the last ``pop_timings``."""
+        return {name: slot[0] for name, slot in self._timers.items() if slot[1]}
+
+    def pop_timings(self) -> dict[str, ConnectorTiming]:
+        """Time and call count per connector name since the last call; resets them."""
+        out = {}
+        for name, slot in self._timers.items():
+            if slot[1]:
+                out[name] = ConnectorTiming(slot[0], int(slot[1]))
+                slot[0], slot[1] = 0.0, 0
+        return out
+
+    def reset(self, env_id: int) -> None:
+        for connector in self._connectors:
+            connector.reset(env_id)
+
+    def in_training(self) -> None:
+        self.is_training = True
+        for connector in self._connectors:
+            connector.in_training()
+
+    def in_eval(self) -> None:
+        self.is_training = False
+        for connector in self._connectors:
+            connector.in_eval()
+
+    # --- state -------------------------------------------------------------
+
+    def to_state(self) -> list[tuple[str, dict[str, Any]]]:
+        """``[(name, params), ...]``, JSON-serialisable; ``from_state`` rebuilds the chain."""
+        return [connector.to_state() for connector in self._connectors]
+
+    @classmethod
+    def from_state(cls, ctx: ConnectorContext, state: Sequence[Any]) -> Self:
+        from connectors.registry import build_connectors
+
+        return cls(ctx, build_connectors(state, ctx, kind=cls.kind))  # type: ignore[arg-type]
+
+
+class AgentConnectorPipeline(ConnectorPipeline[AgentConnector]):
+    """Runs agent connectors on one policy's ``AgentRows`` of a round.
+
+    ``output_observation_space`` is the policy's input space: each
+    connector's ``output_observation_space`` folded over the env's space,
+    recomputed on every chain change.
+    """
+
+    connector_type = AgentConnector
+    kind = "agent"
+
+    def __init__(self, ctx: ConnectorContext, connectors: Iterable[AgentConnector] = ()) -> None:
+        self.output_observation_space: gym.Space = ctx.observation_space
+        super().__init__(ctx, connectors)
+
+    def _fold_spaces(self, chain: Sequence[AgentConnector]) -> gym.Space:
+        space = self.ctx.observation_space
+        source = "its input is the env's observation space"
+        for connector in chain:
+            try:
+                out = connector.bind_input_space(space)
+            except ConnectorError as err:
+                raise ConnectorError(f"{type(self).__name__}: {err} ({source})") from None
+            source = f"its input comes from {type(connector).__name__}"
+            space = out
+        return space
+
+    def _check(self, chain: list[AgentConnector]) -> None:
+        try:
+            self.output_observation_space = self._fold_spaces(chain)
+        except ConnectorError:
+            self._fold_spaces(self._connectors)  # re-bind the unchanged chain as it was
+            raise
+
+    def refresh_spaces(self) -> None:
+        """Re-derive the spaces, e.g. after ``ctx.view_requirements`` changed."""
+        self.output_observation_space = self._fold_spaces(self._connectors)
+
+    def __call__(self, rows: AgentRows) -> AgentRows:
+        return self._run(rows)
+
+    def on_policy_output(self, output: ActionRows) -> None:
+        """Tell every connector what the policy did (RNN state, previous actions)."""
+        for connector in self._connectors:
+            connector.on_policy_output(output)
+
+
+class ActionConnectorPipeline(ConnectorPipeline[ActionConnector]):
+    """Runs action connectors on a policy's ``ActionRows``; actions only change."""
+
+    connector_type = ActionConnector
+    kind = "action"
+
+    def __call__(self, output: ActionRows) -> ActionRows:
+        return self._run(output)

@@ -1,0 +1,1 @@
+"""Example configs and helpers; importable from the repository root (``examples.mappings``)."""

@@ -1,0 +1,415 @@
+"""The ``marl-runner`` command: ``sample``, ``validate`` and ``bench``.
+
+Exit codes: 0 success; 1 a failure while sampling; 2 a bad command line or
+a config that does not validate (including what it names: env, import paths,
+mapping, spaces); 130 interrupted. Errors are one line on stderr;
+``--traceback`` adds the full trace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rich.console import Console
+
+from marl_runner.batch import MultiAgentBatch
+from marl_runner.config import ConfigError, RunnerConfig
+from marl_runner.display import (
+    ProgressReporter,
+    SampleCounts,
+    make_progress,
+    metrics_table,
+    spaces_table,
+)
+from marl_runner.imports import ImportPathError, import_object
+from marl_runner.io import list_batch_files, write_batch
+from marl_runner.mapping import PolicyMappingError, make_policy_mapping_fn
+from marl_runner.metrics import RolloutMetrics
+
+__all__ = ["build_parser", "main"]
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_BAD_CONFIG = 2
+EXIT_INTERRUPTED = 130
+BENCH_ENTRY_POINT = "benchmarks.cli:main"
+
+
+class CommandError(Exception):
+    """A failure that deserves a one-line message and an exit code, not a traceback."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_BAD_CONFIG) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the CLI and returns its exit code (the console script exits with it)."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if args.command == "bench":
+        return _run_bench(extra)
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    _import_from_cwd()
+    command = {"sample": _run_sample, "validate": _run_validate}[args.command]
+    try:
+        return command(args)
+    except CommandError as exc:
+        if args.traceback:
+            traceback.print_exc()
+        print(f"marl-runner {args.command}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="marl-runner",
+        description="Sample multi-agent RL episodes from PettingZoo envs into per-policy batches.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("config", type=Path, help="YAML run config (see examples/configs/)")
+    common.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config entry; dotted keys reach nested entries and the value is "
+        "parsed as YAML, e.g. --set num_envs=8 --set policies.archer.model.hidden=[32,32] "
+        "(repeatable)",
+    )
+    common.add_argument(
+        "--traceback",
+        action="store_true",
+        help="on error, also print the full Python traceback (default: a one-line message)",
+    )
+
+    sample = commands.add_parser(
+        "sample",
+        parents=[common],
+        help="sample with a live progress bar and print metrics at the end",
+        description="Sample episodes with the config's runner, showing progress; print a "
+        "metrics table at the end and optionally write every batch to --out.",
+    )
+    target = sample.add_mutually_exclusive_group()
+    target.add_argument(
+        "--steps",
+        type=_positive_int,
+        metavar="N",
+        help="stop after at least N steps in the produced batches (env steps unless "
+        "--count-steps-by agent_steps); default: one rollout fragment per sub-env, "
+        "i.e. num_envs * rollout_fragment_length env steps",
+    )
+    target.add_argument(
+        "--episodes",
+        type=_positive_int,
+        metavar="N",
+        help="stop after N episodes have finished (faulty ones not counted); in "
+        "truncate_episodes mode the tail of an episode not yet in a full fragment is not written",
+    )
+    sample.add_argument(
+        "--count-steps-by",
+        choices=("env_steps", "agent_steps"),
+        default="env_steps",
+        help="what --steps counts (default: env_steps)",
+    )
+    sample.add_argument(
+        "--out",
+        type=Path,
+        metavar="DIR",
+        help="write each batch as DIR/batch_NNNNNN.npz as soon as it is produced (atomically, "
+        "readable with marl_runner.io.read_batches) plus the resolved config as DIR/config.yaml; "
+        "DIR must not already hold batch files",
+    )
+    sample.add_argument(
+        "--progress-interval",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="seconds between progress lines when stdout is not a terminal (default: 10)",
+    )
+
+    commands.add_parser(
+        "validate",
+        parents=[common],
+        help="check a config: build the env once and show each agent's policy and spaces",
+        description="Load the config, import what it names, build the env once, map every "
+        "possible agent to its policy and check that agents sharing a policy share spaces.",
+    )
+
+    commands.add_parser(
+        "bench",
+        add_help=False,
+        help=f"run the benchmarks (all arguments go to {BENCH_ENTRY_POINT}; "
+        "run from the repository root)",
+    )
+    return parser
+
+
+# ----------------------------------------------------------------------------- sample
+
+
+def _run_sample(args: argparse.Namespace) -> int:
+    config = _load_config(args.config, args.overrides)
+    _check_imports(config)
+    if args.episodes is not None:
+        unit, target = "episodes", args.episodes
+    elif args.steps is not None:
+        unit, target = args.count_steps_by, args.steps
+    else:
+        unit, target = "env_steps", config.num_envs * config.rollout_fragment_length
+    if args.out is not None:
+        _prepare_out_dir(args.out, config)
+
+    try:
+        from marl_runner.runner import EnvRunner  # imports torch: only when sampling
+    except ImportError as exc:
+        raise CommandError(f"the sampler cannot be loaded: {exc}", EXIT_FAILURE) from exc
+
+    console = Console()
+    counts = SampleCounts()
+    try:
+        with EnvRunner(config) as runner:
+            progress = make_progress(target, unit, console, interval_s=args.progress_interval)
+            with progress:
+                interrupted = _step_until(runner, counts, unit, target, progress, args.out)
+            metrics = runner.get_metrics()
+    except (ConfigError, ImportPathError) as exc:
+        raise CommandError(str(exc)) from exc
+    except Exception as exc:
+        raise CommandError(_describe(exc), EXIT_FAILURE) from exc
+
+    console.print(metrics_table(metrics))
+    if args.out is not None:
+        console.print(f"wrote {counts.batches} batches to {args.out}", highlight=False)
+    if interrupted:
+        console.print("interrupted: the metrics cover what was sampled so far", highlight=False)
+        return EXIT_INTERRUPTED
+    return EXIT_OK
+
+
+def _step_until(
+    runner: Any,
+    counts: SampleCounts,
+    unit: str,
+    target: int,
+    progress: ProgressReporter,
+    out_dir: Path | None,
+) -> bool:
+    """Calls ``runner.step()`` until ``counts.<unit>`` reaches ``target``, writing each
+    batch as it arrives; returns True when stopped early by Ctrl-C.
+
+    Stepping (rather than one ``runner.sample()`` call) is what lets the bar
+    move and the batches reach disk while sampling goes on.
+    """
+    try:
+        while getattr(counts, unit) < target:
+            outputs = runner.step()
+            if not outputs:
+                continue
+            for item in outputs:
+                if isinstance(item, MultiAgentBatch):
+                    counts.batches += 1
+                    counts.env_steps += item.env_steps()
+                    counts.agent_steps += item.agent_steps()
+                    if out_dir is not None:
+                        write_batch(item, out_dir, counts.batches)
+                elif isinstance(item, RolloutMetrics):
+                    if item.episode_faulty:
+                        counts.faulty_episodes += 1
+                    else:
+                        counts.episodes += 1
+            progress.update(counts)
+    except KeyboardInterrupt:
+        return True
+    return False
+
+
+def _prepare_out_dir(out_dir: Path, config: RunnerConfig) -> None:
+    """Refuses a directory holding another run's batches; saves the resolved config there."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise CommandError(f"--out {out_dir}: exists and is not a directory")
+    if out_dir.is_dir() and list_batch_files(out_dir):
+        raise CommandError(
+            f"--out {out_dir}: already holds batch files from an earlier run; "
+            "choose a new or empty directory"
+        )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.yaml").write_text(
+        yaml.safe_dump(config.to_dict(), sort_keys=False), encoding="utf-8"
+    )
+
+
+# ----------------------------------------------------------------------------- validate
+
+
+def _run_validate(args: argparse.Namespace) -> int:
+    config = _load_config(args.config, args.overrides)
+    _check_imports(config)
+
+    try:
+        from marl_runner.envs import make_env
+    except ImportError as exc:
+        raise CommandError(f"the env package cannot be loaded: {exc}", EXIT_FAILURE) from exc
+    try:
+        env = make_env(config.env)
+    except Exception as exc:
+        raise CommandError(f"env: cannot build {config.env['name']!r}: {_describe(exc)}") from exc
+    try:
+        rows, unused_policies = _map_agents(config, env)
+    finally:
+        env.close()
+
+    console = Console()
+    console.print(
+        f"env {config.env['name']!r} (api: {config.env['api']}): "
+        f"{_plural(len(rows), 'possible agent')}, {_plural(len(config.policies), 'policy', 'policies')}",
+        highlight=False,
+        soft_wrap=True,
+    )
+    console.print(spaces_table(rows))
+    for policy_id in unused_policies:
+        console.print(
+            f"note: policy {policy_id!r} has no agent among the env's possible agents",
+            highlight=False,
+            soft_wrap=True,
+        )
+    console.print(f"config OK: {args.config}", highlight=False, soft_wrap=True)
+    return EXIT_OK
+
+
+def _map_agents(
+    config: RunnerConfig, env: Any
+) -> tuple[list[tuple[str, str, str, str]], list[str]]:
+    """Maps every possible agent; checks ids and that agents sharing a policy share spaces.
+
+    Returns the table rows and the policies no agent maps to. The mapping is
+    called with ``episode=None``: there is no episode before sampling.
+    """
+    try:
+        mapping_fn = make_policy_mapping_fn(config.policy_mapping_fn, list(config.policies))
+    except PolicyMappingError as exc:
+        raise CommandError(str(exc)) from exc
+    except (TypeError, ImportPathError) as exc:
+        raise CommandError(f"policy_mapping_fn: {exc}") from exc
+
+    rows: list[tuple[str, str, str, str]] = []
+    first_agent: dict[str, tuple[Any, Any, Any]] = {}
+    for agent in env.possible_agents:
+        try:
+            policy_id = mapping_fn(agent, None)
+        except PolicyMappingError as exc:
+            raise CommandError(str(exc)) from exc
+        except Exception as exc:
+            raise CommandError(
+                f"policy_mapping_fn failed for agent {agent!r}: {_describe(exc)}"
+            ) from exc
+        obs_space = env.get_observation_space(agent)
+        action_space = env.get_action_space(agent)
+        if policy_id in first_agent:
+            other, other_obs, other_action = first_agent[policy_id]
+            for kind, mine, theirs in (
+                ("observation", obs_space, other_obs),
+                ("action", action_space, other_action),
+            ):
+                if mine != theirs:
+                    raise CommandError(
+                        f"agents {other!r} and {agent!r} both map to policy {policy_id!r} but "
+                        f"have different {kind} spaces ({theirs} vs {mine}); map them to "
+                        "different policies"
+                    )
+        else:
+            first_agent[policy_id] = (agent, obs_space, action_space)
+            _check_declared_spaces(config, policy_id, agent, obs_space, action_space)
+        rows.append((str(agent), policy_id, str(obs_space), str(action_space)))
+    unused = [pid for pid in config.policies if pid not in first_agent]
+    return rows, unused
+
+
+def _check_declared_spaces(
+    config: RunnerConfig, policy_id: str, agent: Any, obs_space: Any, action_space: Any
+) -> None:
+    """A space given in the config must be the one the env's agents actually have."""
+    spec = config.policies[policy_id]
+    for key, env_space in (("observation_space", obs_space), ("action_space", action_space)):
+        declared = spec[key]
+        if declared is not None and declared != env_space:
+            raise CommandError(
+                f"policies.{policy_id}.{key}: the config gives {declared}, but agent {agent!r} "
+                f"mapped to it has {env_space}"
+            )
+
+
+# ----------------------------------------------------------------------------- bench
+
+
+def _run_bench(argv: list[str]) -> int:
+    """Forwards everything after ``bench`` to the repo's benchmark CLI."""
+    _import_from_cwd()
+    try:
+        bench_main = import_object(BENCH_ENTRY_POINT)
+    except ImportPathError as exc:
+        print(
+            f"marl-runner bench: error: {exc}; the benchmarks live in the repository's "
+            "benchmarks/ folder, so run this from the repository root",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_CONFIG
+    return int(bench_main(argv) or 0)
+
+
+# ----------------------------------------------------------------------------- shared
+
+
+def _import_from_cwd() -> None:
+    """Like ``python -m``: import paths such as "examples.mappings:by_prefix" resolve
+    against the directory the command runs in (a console script does not add it)."""
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+
+
+def _load_config(path: Path, overrides: Sequence[str]) -> RunnerConfig:
+    try:
+        config = RunnerConfig.from_yaml(path)
+        return config.with_overrides(overrides) if overrides else config
+    except ConfigError as exc:
+        raise CommandError(str(exc)) from exc
+
+
+def _check_imports(config: RunnerConfig) -> None:
+    try:
+        config.check_imports()
+    except ConfigError as exc:
+        raise CommandError(str(exc)) from exc
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _plural(count: int, singular: str, plural: str | None = None) -> str:
+    return f"{count} {singular if count == 1 else plural or singular + 's'}"
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

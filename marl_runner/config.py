@@ -1,0 +1,746 @@
+"""``RunnerConfig``: the whole run described as plain, checkable data.
+
+A config is loaded from YAML (or a dict), checked completely at load time and
+normalised (defaults filled in, spaces parsed), so that a typo fails before any
+env is built, with a message that names the dotted key, the bad value and what
+was expected. ``to_dict()`` gives back plain YAML-safe data, so a run can be
+saved next to its output and loaded again unchanged.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypedDict
+
+import gymnasium as gym
+import numpy as np
+import yaml
+
+from marl_runner.imports import ImportPathError, import_object, split_import_path
+
+__all__ = [
+    "ConfigError",
+    "EnvSpec",
+    "PolicySpec",
+    "RunnerConfig",
+    "space_from_spec",
+    "space_to_spec",
+]
+
+ENV_APIS = ("auto", "parallel", "aec", "multi_agent")
+VECTORIZE_MODES = ("sync", "subprocess", "ray", "external")
+BATCH_MODES = ("truncate_episodes", "complete_episodes")
+STEP_COUNTS = ("env_steps", "agent_steps")
+FAKE_OBS_MODES = ("zeros", "sample", "last")
+DEVICES = ("cpu", "cuda", "auto")
+MODEL_TYPES = ("mlp", "lstm")
+
+_ENV_KEYS = ("name", "config", "api")
+_POLICY_KEYS = (
+    "model",
+    "policy_class",
+    "agent_connectors",
+    "action_connectors",
+    "observation_space",
+    "action_space",
+    "config",
+)
+_SPACE_TYPES = ("Discrete", "Box", "MultiDiscrete", "MultiBinary", "Dict", "Tuple")
+_CUDA_DEVICE = re.compile(r"cuda:\d+")
+
+
+class ConfigError(ValueError):
+    """A config value that is missing, unknown or malformed.
+
+    ``key`` is the dotted path of the offending entry (``policies.archer.model.type``),
+    or None when the problem is the input as a whole; ``source`` names the
+    file it came from, when there is one.
+    """
+
+    def __init__(self, key: str | None, problem: str, *, source: str | None = None) -> None:
+        self.key = key
+        self.problem = problem
+        self.source = source
+        text = f"{key}: {problem}" if key else problem
+        super().__init__(f"{source}: {text}" if source else text)
+
+
+class EnvSpec(TypedDict):
+    """How to build one sub-environment; the argument of ``marl_runner.envs.make_env``."""
+
+    name: str  # "module:callable" or a name given to register_env
+    config: dict[str, Any]  # keyword arguments for the callable
+    api: str  # one of ENV_APIS
+
+
+class PolicySpec(TypedDict):
+    """How to build one policy. None for a connector chain means the default chain."""
+
+    model: dict[str, Any]  # {"type": "mlp"|"lstm", ...} or {"class": "pkg.mod:Cls", ...}
+    policy_class: str | None
+    agent_connectors: list[str | dict[str, Any]] | None
+    action_connectors: list[str | dict[str, Any]] | None
+    observation_space: gym.Space | None  # None: taken from the env agents mapped to it
+    action_space: gym.Space | None
+    config: dict[str, Any]
+
+
+@dataclasses.dataclass(kw_only=True)
+class RunnerConfig:
+    """Everything an ``EnvRunner`` needs; see API.md for the YAML form.
+
+    Constructing one (directly, via ``from_dict``/``from_yaml`` or
+    ``dataclasses.replace``) validates and normalises every field, raising
+    ``ConfigError`` on the first problem.
+    """
+
+    env: EnvSpec
+    num_envs: int = 1
+    vectorize: str = "sync"
+    num_workers: int | None = None  # subprocess worker processes; None: min(num_envs, CPUs)
+    rollout_fragment_length: int = 200
+    batch_mode: str = "truncate_episodes"
+    count_steps_by: str = "env_steps"
+    restart_failed_sub_environments: bool = False
+    remote_env_batch_wait_ms: float = 0
+    fake_obs: str = "zeros"
+    seed: int | None = 0
+    device: str = "cpu"
+    explore: bool = True
+    normalize_actions: bool = False
+    policies: dict[str, PolicySpec]
+    # An import path "module:function", a dict {agent-id glob: policy id}, or
+    # None when there is exactly one policy. Callables go to EnvRunner directly
+    # so that the config stays serialisable.
+    policy_mapping_fn: str | dict[str, str] | None = None
+    callbacks: str | None = None
+    ema_coef: float | None = None  # perf stats as an EMA with this coefficient; None: global mean
+
+    def __post_init__(self) -> None:
+        self.env = _check_env(self.env)
+        self.num_envs = _check_int(self.num_envs, "num_envs", minimum=1)
+        self.vectorize = _check_choice(self.vectorize, "vectorize", VECTORIZE_MODES)
+        if self.num_workers is not None:
+            self.num_workers = _check_int(self.num_workers, "num_workers", minimum=1)
+            if self.vectorize == "subprocess" and self.num_workers > self.num_envs:
+                raise ConfigError(
+                    "num_workers",
+                    f"got {self.num_workers}, expected at most num_envs ({self.num_envs}): "
+                    "each worker process steps at least one sub-env",
+                )
+        self.rollout_fragment_length = _check_int(
+            self.rollout_fragment_length, "rollout_fragment_length", minimum=1
+        )
+        self.batch_mode = _check_choice(self.batch_mode, "batch_mode", BATCH_MODES)
+        self.count_steps_by = _check_choice(self.count_steps_by, "count_steps_by", STEP_COUNTS)
+        self.restart_failed_sub_environments = _check_bool(
+            self.restart_failed_sub_environments, "restart_failed_sub_environments"
+        )
+        self.remote_env_batch_wait_ms = _check_number(
+            self.remote_env_batch_wait_ms,
+            "remote_env_batch_wait_ms",
+            "a number >= 0",
+            lambda v: v >= 0,
+        )
+        self.fake_obs = _check_choice(self.fake_obs, "fake_obs", FAKE_OBS_MODES)
+        if self.seed is not None:
+            self.seed = _check_int(self.seed, "seed", minimum=None)
+        self.device = _check_device(self.device)
+        self.explore = _check_bool(self.explore, "explore")
+        self.normalize_actions = _check_bool(self.normalize_actions, "normalize_actions")
+        self.policies = _check_policies(self.policies)
+        self.policy_mapping_fn = _check_mapping_spec(self.policy_mapping_fn, self.policies)
+        if self.callbacks is not None:
+            self.callbacks = _check_import_path(self.callbacks, "callbacks", "a Callbacks subclass")
+        if self.ema_coef is not None:
+            self.ema_coef = _check_number(
+                self.ema_coef, "ema_coef", "a number in (0, 1] or null", lambda v: 0 < v <= 1
+            )
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RunnerConfig:
+        """Builds a config from plain data (e.g. parsed YAML), rejecting unknown keys."""
+        if not isinstance(data, Mapping):
+            raise ConfigError(
+                None, f"a config must be a mapping of keys to values, got {_kind(data)}"
+            )
+        _reject_unknown_keys(data, _FIELD_NAMES, prefix="")
+        for required in ("env", "policies"):
+            if required not in data:
+                raise ConfigError(required, f"missing; {_REQUIRED_HINTS[required]}")
+        return cls(**dict(data))
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> RunnerConfig:
+        """Loads a YAML file; any problem is reported with the file's name (and line when parsing)."""
+        path = Path(path)
+        source = str(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(
+                None, f"cannot read the config file: {exc.strerror or exc}", source=source
+            ) from None
+        try:
+            data = yaml.load(text, Loader=_StrictLoader)
+        except yaml.YAMLError as exc:
+            raise ConfigError(None, _describe_yaml_error(exc), source=source) from None
+        if data is None:
+            raise ConfigError(
+                None,
+                "the file is empty; expected a mapping with at least 'env' and 'policies'",
+                source=source,
+            )
+        try:
+            return cls.from_dict(data)
+        except ConfigError as exc:
+            raise ConfigError(exc.key, exc.problem, source=source) from None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain YAML-safe data (spaces as ``{type: ...}`` dicts) that ``from_dict`` accepts."""
+        out: dict[str, Any] = {}
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.name == "policies":
+                value = {pid: _policy_to_dict(spec) for pid, spec in value.items()}
+            out[field.name] = _plain(value)
+        return out
+
+    def with_overrides(self, overrides: Iterable[str]) -> RunnerConfig:
+        """Returns a copy with ``"dotted.key=value"`` overrides applied (the CLI's ``--set``).
+
+        Values are parsed as YAML (``8``, ``true``, ``[32, 32]``, ``null``);
+        missing intermediate mappings are created, so
+        ``env.config.max_cycles=50`` works even when ``env.config`` was empty.
+        The result is validated like any other config.
+        """
+        data = self.to_dict()
+        for override in overrides:
+            key, value = _parse_override(override)
+            _set_dotted(data, key, value)
+        return RunnerConfig.from_dict(data)
+
+    def check_imports(self) -> None:
+        """Imports every import path in the config so that a typo fails now, naming its key.
+
+        Loading a config only checks the shape of import paths, because the
+        code they name may not be importable where the config is edited; call
+        this where the run will happen.
+        """
+        paths: list[tuple[str, str]] = []
+        if ":" in self.env["name"]:
+            paths.append(("env.name", self.env["name"]))
+        if isinstance(self.policy_mapping_fn, str):
+            paths.append(("policy_mapping_fn", self.policy_mapping_fn))
+        if self.callbacks is not None:
+            paths.append(("callbacks", self.callbacks))
+        for pid, spec in self.policies.items():
+            if spec["policy_class"] is not None:
+                paths.append((f"policies.{pid}.policy_class", spec["policy_class"]))
+            if "class" in spec["model"]:
+                paths.append((f"policies.{pid}.model.class", spec["model"]["class"]))
+        for key, path in paths:
+            try:
+                obj = import_object(path)
+            except ImportPathError as exc:
+                raise ConfigError(key, str(exc)) from None
+            if not callable(obj):
+                raise ConfigError(
+                    key, f"{path!r} names a {type(obj).__name__}, expected something callable"
+                )
+
+
+_FIELD_NAMES = tuple(f.name for f in dataclasses.fields(RunnerConfig))
+_REQUIRED_HINTS = {
+    "env": "expected a mapping with 'name' (e.g. 'pettingzoo.classic.tictactoe_v3:env'), "
+    "and optionally 'config' and 'api'",
+    "policies": "expected a mapping of policy id -> policy spec with at least one policy",
+}
+
+
+# ----------------------------------------------------------------------------
+# Field checks. Each returns the normalised value or raises ConfigError.
+
+
+def _check_env(env: Any) -> EnvSpec:
+    if isinstance(env, str):  # shorthand: `env: "module:callable"`
+        env = {"name": env}
+    if not isinstance(env, Mapping):
+        raise ConfigError("env", f"got {_kind(env)}; {_REQUIRED_HINTS['env']}")
+    _reject_unknown_keys(env, _ENV_KEYS, prefix="env.")
+    name = env.get("name")
+    if name is None:
+        raise ConfigError(
+            "env.name",
+            "missing; expected 'module:callable' (e.g. "
+            "'pettingzoo.butterfly.knights_archers_zombies_v11:parallel_env') or a registered env name",
+        )
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(
+            "env.name", f"got {name!r}, expected a non-empty 'module:callable' or registered name"
+        )
+    if ":" in name:
+        _check_import_path(name, "env.name", "an env constructor")
+    return {
+        "name": name.strip(),
+        "config": _check_str_keyed(
+            env.get("config"), "env.config", "keyword arguments for the env constructor"
+        ),
+        "api": _check_choice(env.get("api", "auto"), "env.api", ENV_APIS),
+    }
+
+
+def _check_policies(policies: Any) -> dict[str, PolicySpec]:
+    if not isinstance(policies, Mapping):
+        raise ConfigError("policies", f"got {_kind(policies)}; {_REQUIRED_HINTS['policies']}")
+    if not policies:
+        raise ConfigError("policies", f"is empty; {_REQUIRED_HINTS['policies']}")
+    out: dict[str, PolicySpec] = {}
+    for pid, spec in policies.items():
+        if not isinstance(pid, str) or not pid:
+            raise ConfigError(f"policies.{pid}", f"policy id {pid!r} must be a non-empty string")
+        out[pid] = _check_policy(pid, spec)
+    return out
+
+
+def _check_policy(pid: str, spec: Any) -> PolicySpec:
+    key = f"policies.{pid}"
+    if spec is None:  # `knight:` with nothing under it: all defaults
+        spec = {}
+    if not isinstance(spec, Mapping):
+        raise ConfigError(
+            key, f"got {_kind(spec)}, expected a mapping with keys {', '.join(_POLICY_KEYS)}"
+        )
+    _reject_unknown_keys(spec, _POLICY_KEYS, prefix=f"{key}.")
+    policy_class = spec.get("policy_class")
+    if policy_class is not None:
+        policy_class = _check_import_path(policy_class, f"{key}.policy_class", "a Policy subclass")
+    return {
+        "model": _check_model(spec.get("model"), f"{key}.model"),
+        "policy_class": policy_class,
+        "agent_connectors": _check_connectors(
+            spec.get("agent_connectors"), f"{key}.agent_connectors", "agent"
+        ),
+        "action_connectors": _check_connectors(
+            spec.get("action_connectors"), f"{key}.action_connectors", "action"
+        ),
+        "observation_space": _check_space(
+            spec.get("observation_space"), f"{key}.observation_space"
+        ),
+        "action_space": _check_space(spec.get("action_space"), f"{key}.action_space"),
+        "config": _check_str_keyed(spec.get("config"), f"{key}.config", "policy settings"),
+    }
+
+
+def _check_model(model: Any, key: str) -> dict[str, Any]:
+    model = _check_str_keyed(model, key, "model settings such as {type: mlp, hidden: [64, 64]}")
+    if "class" in model:
+        if "type" in model:
+            raise ConfigError(
+                key,
+                "gives both 'type' and 'class'; expected one: a built-in type or a custom class",
+            )
+        _check_import_path(model["class"], f"{key}.class", "a torch.nn.Module subclass")
+    else:
+        model.setdefault("type", "mlp")
+        if model["type"] not in MODEL_TYPES:
+            raise ConfigError(
+                f"{key}.type",
+                f"got {model['type']!r}, expected one of {_quoted(MODEL_TYPES)} "
+                f"(or a custom model as '{key}.class: pkg.mod:Cls')",
+            )
+    if "hidden" in model:
+        hidden = model["hidden"]
+        if not isinstance(hidden, list) or not all(_is_int(h) and h >= 1 for h in hidden):
+            raise ConfigError(
+                f"{key}.hidden",
+                f"got {hidden!r}, expected a list of layer sizes >= 1, e.g. [64, 64]",
+            )
+    return model
+
+
+def _check_connectors(spec: Any, key: str, kind: str) -> list[str | dict[str, Any]] | None:
+    """Checks the shape of a connector chain; None means "use the default chain"."""
+    if spec is None:
+        return None
+    if not isinstance(spec, list):
+        raise ConfigError(
+            key,
+            f"got {_kind(spec)}, expected a list of connector names or {{name: ..., <params>}} mappings",
+        )
+    items: list[str | dict[str, Any]] = []
+    for i, item in enumerate(spec):
+        item_key = f"{key}[{i}]"
+        if isinstance(item, str) and item.strip():
+            name = item.strip()
+            items.append(name)
+        elif (
+            isinstance(item, Mapping) and isinstance(item.get("name"), str) and item["name"].strip()
+        ):
+            name = item["name"].strip()
+            items.append(_check_str_keyed(item, item_key, "connector parameters") | {"name": name})
+        else:
+            raise ConfigError(
+                item_key,
+                f"got {item!r}, expected a connector name (e.g. 'ClipActionsConnector') "
+                "or a mapping with a 'name' key and its parameters (e.g. {name: ClipRewardAgentConnector, limit: 1.0})",
+            )
+        _check_connector_name(name, item_key, kind)
+    return items
+
+
+def _check_connector_name(name: str, key: str, kind: str) -> None:
+    """Rejects names the connector registry does not know.
+
+    Import paths ('pkg.mod:Cls') and whether a name is of the right kind are
+    left to the registry when the pipeline is built. Without the connectors
+    package the names are not checked, so this module stays usable alone.
+    """
+    if ":" in name:
+        return
+    try:
+        from connectors.registry import registered_names
+    except ImportError:
+        return
+    known = registered_names()
+    if name not in known:
+        raise ConfigError(
+            key,
+            f"unknown {kind} connector {name!r}{_suggest(name, known)}; expected a registered "
+            f"name ({', '.join(known)}), a name given to connectors.register_connector before "
+            "the config is loaded, or an import path 'pkg.module:Class'",
+        )
+
+
+def _check_mapping_spec(
+    spec: Any, policies: Mapping[str, PolicySpec]
+) -> str | dict[str, str] | None:
+    key = "policy_mapping_fn"
+    if spec is None:
+        return None
+    if isinstance(spec, str):
+        return _check_import_path(
+            spec, key, "a function (agent_id, episode, **kwargs) -> policy id"
+        )
+    if isinstance(spec, Mapping):
+        if not spec:
+            raise ConfigError(key, "is an empty mapping; expected {agent-id glob: policy id, ...}")
+        out: dict[str, str] = {}
+        for pattern, pid in spec.items():
+            if not isinstance(pattern, str) or not pattern:
+                raise ConfigError(
+                    f"{key}.{pattern}",
+                    f"pattern {pattern!r} must be a non-empty string glob such as 'archer_*'",
+                )
+            if pid not in policies:
+                raise ConfigError(
+                    f"{key}.{pattern}",
+                    f"maps to unknown policy id {pid!r}; expected one of {_quoted(policies)}{_suggest(pid, policies)}",
+                )
+            out[pattern] = pid
+        return out
+    hint = " (pass callables as EnvRunner(policy_mapping_fn=...))" if callable(spec) else ""
+    raise ConfigError(
+        key,
+        f"got {_kind(spec)}{hint}; expected an import path 'module:function', "
+        "a mapping of agent-id glob -> policy id, or null when there is one policy",
+    )
+
+
+def _check_space(spec: Any, key: str) -> gym.Space | None:
+    if spec is None or isinstance(spec, gym.Space):
+        return spec
+    return space_from_spec(spec, key)
+
+
+def _check_device(device: Any) -> str:
+    if isinstance(device, str) and (device in DEVICES or _CUDA_DEVICE.fullmatch(device)):
+        return device
+    raise ConfigError("device", f"got {device!r}, expected one of {_quoted(DEVICES)} or 'cuda:N'")
+
+
+def _check_import_path(path: Any, key: str, what: str) -> str:
+    try:
+        split_import_path(path)
+    except ImportPathError:
+        raise ConfigError(
+            key, f"got {path!r}, expected an import path 'pkg.module:name' naming {what}"
+        ) from None
+    return path.strip()
+
+
+def _check_int(value: Any, key: str, *, minimum: int | None) -> int:
+    if not _is_int(value) or (minimum is not None and value < minimum):
+        bound = f" >= {minimum}" if minimum is not None else ""
+        raise ConfigError(key, f"got {value!r}, expected an integer{bound}")
+    return int(value)
+
+
+def _check_number(value: Any, key: str, expected: str, ok: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
+        raise ConfigError(key, f"got {value!r}, expected {expected}")
+    return value
+
+
+def _check_bool(value: Any, key: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(key, f"got {value!r}, expected true or false")
+    return value
+
+
+def _check_choice(value: Any, key: str, choices: Sequence[str]) -> str:
+    if value not in choices:
+        raise ConfigError(
+            key, f"got {value!r}, expected one of {_quoted(choices)}{_suggest(value, choices)}"
+        )
+    return value
+
+
+def _check_str_keyed(value: Any, key: str, what: str) -> dict[str, Any]:
+    """A mapping with string keys (None -> {}), copied so the caller's data is never aliased."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ConfigError(key, f"got {_kind(value)}, expected a mapping of {what}")
+    for k in value:
+        if not isinstance(k, str):
+            raise ConfigError(f"{key}.{k}", f"key {k!r} must be a string")
+    return copy.deepcopy(dict(value))
+
+
+def _reject_unknown_keys(data: Mapping[Any, Any], known: Sequence[str], *, prefix: str) -> None:
+    for k in data:
+        if k not in known:
+            hint = _suggest(k, known) or f"; expected one of {_quoted(known)}"
+            raise ConfigError(f"{prefix}{k}", f"unknown key{hint}")
+
+
+# ----------------------------------------------------------------------------
+# Spaces as YAML: {type: Box, low: -1.0, high: 1.0, shape: [3], dtype: float32}
+
+
+def space_from_spec(spec: Any, key: str = "space") -> gym.Space:
+    """Builds a gymnasium space from its YAML form (see ``space_to_spec``)."""
+    if not isinstance(spec, Mapping) or spec.get("type") not in _SPACE_TYPES:
+        raise ConfigError(
+            key,
+            f"got {spec!r}, expected a space such as {{type: Discrete, n: 6}} or "
+            f"{{type: Box, low: -1.0, high: 1.0, shape: [3]}}; types: {_quoted(_SPACE_TYPES)}",
+        )
+    kind = spec["type"]
+    allowed = {
+        "Discrete": ("n", "start"),
+        "Box": ("low", "high", "shape", "dtype"),
+        "MultiDiscrete": ("nvec", "dtype"),
+        "MultiBinary": ("n",),
+        "Dict": ("spaces",),
+        "Tuple": ("spaces",),
+    }[kind]
+    _reject_unknown_keys({k: v for k, v in spec.items() if k != "type"}, allowed, prefix=f"{key}.")
+    try:
+        if kind == "Discrete":
+            return gym.spaces.Discrete(spec["n"], start=spec.get("start", 0))
+        if kind == "Box":
+            dtype = np.dtype(spec.get("dtype", "float32"))
+            shape = tuple(spec["shape"]) if spec.get("shape") is not None else None
+            return gym.spaces.Box(
+                _bound(spec["low"], dtype), _bound(spec["high"], dtype), shape=shape, dtype=dtype
+            )
+        if kind == "MultiDiscrete":
+            return gym.spaces.MultiDiscrete(spec["nvec"], dtype=spec.get("dtype", "int64"))
+        if kind == "MultiBinary":
+            return gym.spaces.MultiBinary(spec["n"])
+        if kind == "Dict":
+            if not isinstance(spec["spaces"], Mapping):
+                raise TypeError("'spaces' must be a mapping of name -> space")
+            return gym.spaces.Dict(
+                {k: space_from_spec(v, f"{key}.spaces.{k}") for k, v in spec["spaces"].items()}
+            )
+        if not isinstance(spec["spaces"], list):
+            raise TypeError("'spaces' must be a list of spaces")
+        return gym.spaces.Tuple(
+            [space_from_spec(v, f"{key}.spaces[{i}]") for i, v in enumerate(spec["spaces"])]
+        )
+    except ConfigError:
+        raise
+    except KeyError as exc:
+        raise ConfigError(
+            key, f"{kind} space is missing {exc.args[0]!r} (keys: {_quoted(allowed)})"
+        ) from None
+    except (TypeError, ValueError, AssertionError) as exc:
+        raise ConfigError(key, f"invalid {kind} space {dict(spec)!r}: {exc}") from None
+
+
+def space_to_spec(space: gym.Space) -> dict[str, Any]:
+    """The YAML-safe form of a space; ``space_from_spec`` rebuilds an equal space."""
+    if isinstance(space, gym.spaces.Discrete):
+        spec: dict[str, Any] = {"type": "Discrete", "n": int(space.n)}
+        if int(space.start) != 0:
+            spec["start"] = int(space.start)
+        return spec
+    if isinstance(space, gym.spaces.Box):
+        return {
+            "type": "Box",
+            "low": _uniform_or_list(space.low),
+            "high": _uniform_or_list(space.high),
+            "shape": list(space.shape),
+            "dtype": space.dtype.name,
+        }
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return {"type": "MultiDiscrete", "nvec": space.nvec.tolist(), "dtype": space.dtype.name}
+    if isinstance(space, gym.spaces.MultiBinary):
+        return {"type": "MultiBinary", "n": _plain(space.n)}
+    if isinstance(space, gym.spaces.Dict):
+        return {"type": "Dict", "spaces": {k: space_to_spec(v) for k, v in space.spaces.items()}}
+    if isinstance(space, gym.spaces.Tuple):
+        return {"type": "Tuple", "spaces": [space_to_spec(v) for v in space.spaces]}
+    raise ConfigError(
+        None,
+        f"cannot write a {type(space).__name__} space to a config; supported: {_quoted(_SPACE_TYPES)}",
+    )
+
+
+def _bound(value: Any, dtype: np.dtype) -> Any:
+    """A Box bound in the Box's dtype: gymnasium wants scalars as scalars, lists as arrays."""
+    return dtype.type(value) if np.ndim(value) == 0 else np.asarray(value, dtype=dtype)
+
+
+def _uniform_or_list(values: np.ndarray) -> Any:
+    """A scalar when every entry is equal (the common case), else the nested list."""
+    flat = values.reshape(-1)
+    if flat.size and np.all(flat == flat[0]):
+        return flat[0].item()
+    return values.tolist()
+
+
+# ----------------------------------------------------------------------------
+# Serialisation, overrides and YAML details.
+
+
+def _policy_to_dict(spec: PolicySpec) -> dict[str, Any]:
+    out = dict(spec)
+    for space_key in ("observation_space", "action_space"):
+        if out[space_key] is not None:
+            out[space_key] = space_to_spec(out[space_key])
+    return out
+
+
+def _plain(value: Any) -> Any:
+    """Deep copy into YAML-safe builtins (numpy scalars and tuples included)."""
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, gym.Space):
+        return space_to_spec(value)
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    raise ConfigError(
+        None, f"cannot write a {type(value).__name__} ({value!r}) to a config; expected plain data"
+    )
+
+
+def _parse_override(override: str) -> tuple[str, Any]:
+    key, sep, text = override.partition("=")
+    key = key.strip()
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise ConfigError(
+            None, f"override {override!r}: expected 'dotted.key=value', e.g. 'num_envs=8'"
+        )
+    try:
+        return key, yaml.load(text, Loader=_StrictLoader)
+    except yaml.YAMLError as exc:
+        raise ConfigError(
+            key, f"override {override!r}: the value is not valid YAML ({_describe_yaml_error(exc)})"
+        ) from None
+
+
+def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = data
+    for depth, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            where = ".".join(parts[: depth + 1])
+            raise ConfigError(
+                where, f"cannot set {key!r}: {where!r} holds {_kind(child)}, not a mapping"
+            )
+        node = child
+    node[parts[-1]] = value
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that rejects duplicate keys (PyYAML silently keeps the last) and reads
+    ``1e-3`` as a float (YAML 1.1 wants ``1.0e-3`` and would give the string "1e-3")."""
+
+
+_StrictLoader.yaml_implicit_resolvers = {
+    first: list(resolvers) for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_StrictLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
+def _construct_mapping_without_duplicates(
+    loader: _StrictLoader, node: yaml.MappingNode
+) -> dict[Any, Any]:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base` may legitimately be overridden
+            continue
+        key = loader.construct_object(key_node, deep=True)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                "while constructing a mapping",
+                node.start_mark,
+                f"found duplicate key {key!r}",
+                key_node.start_mark,
+            )
+        seen.add(key)
+    return loader.construct_mapping(node, deep=True)
+
+
+_StrictLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping_without_duplicates
+)
+
+
+def _describe_yaml_error(exc: yaml.YAMLError) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc)
+    if mark is None:
+        return f"invalid YAML: {problem}"
+    return f"invalid YAML at line {mark.line + 1}, column {mark.column + 1}: {problem}"
+
+
+def _suggest(value: Any, known: Iterable[str]) -> str:
+    if not isinstance(value, str):
+        return ""
+    matches = difflib.get_close_matches(value, list(known), n=3, cutoff=0.6)
+    return f" (did you mean {' or '.join(repr(m) for m in matches)}?)" if matches else ""
+
+
+def _quoted(names: Iterable[str]) -> str:
+    return ", ".join(repr(n) for n in names)
+
+
+def _kind(value: Any) -> str:
+    return f"{type(value).__name__} {value!r}"
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)

@@ -1,0 +1,185 @@
+"""Adapters from PettingZoo's Parallel and AEC APIs to MultiAgentEnv.
+
+Named `pettingzoo_wrappers` so that it never shadows the `pettingzoo` package.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+from pettingzoo import AECEnv, ParallelEnv
+
+from marl_runner.envs.errors import EnvError
+from marl_runner.envs.multi_agent_env import AgentID, MultiAgentDict, MultiAgentEnv, StepResult
+
+
+def _episode_end_flags(
+    terminateds: MultiAgentDict, truncateds: MultiAgentDict, episode_over: bool
+) -> tuple[bool, bool]:
+    """`(terminated_all, truncated_all)`: an ended episode counts as truncated
+    when any agent that ended with it was truncated (a time limit), else as
+    terminated, so that value bootstrapping stays right."""
+    if not episode_over:
+        return False, False
+    truncated_all = any(truncateds.values())
+    return not truncated_all, truncated_all
+
+
+class _PettingZooSpaces(MultiAgentEnv):
+    """Space lookups shared by both wrappers.
+
+    Spaces are asked from the wrapped env on every call rather than cached,
+    because some envs (e.g. PettingZoo's generated-agents fixtures) draw new
+    spaces for new agent types each episode.
+    """
+
+    env: Any
+
+    def _init_spaces(self) -> None:
+        # Some envs (generated agents) have no `possible_agents`: their agents
+        # are only known once they appear.
+        self.possible_agents = list(getattr(self.env, "possible_agents", []))
+        self.observation_spaces = {a: self.env.observation_space(a) for a in self.possible_agents}
+        self.action_spaces = {a: self.env.action_space(a) for a in self.possible_agents}
+
+    def get_observation_space(self, agent: AgentID) -> gym.Space:
+        return self.env.observation_space(agent)
+
+    def get_action_space(self, agent: AgentID) -> gym.Space:
+        return self.env.action_space(agent)
+
+    def render(self) -> Any:
+        return self.env.render()
+
+    def close(self) -> None:
+        self.env.close()
+
+
+class ParallelPettingZooEnv(_PettingZooSpaces):
+    """Wraps a `pettingzoo.ParallelEnv`; obs, rewards and infos pass through.
+
+    Only `"__all__"` is added to copies of the flag dicts (never to the env's
+    own dicts, which some envs keep using): the episode is over when
+    `env.agents` is empty after a step. Stepping a finished episode with no
+    actions returns empty dicts instead of calling the env.
+    """
+
+    def __init__(self, env: ParallelEnv) -> None:
+        self.env = env
+        self._init_spaces()
+
+    def reset(
+        self, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[MultiAgentDict, MultiAgentDict]:
+        return self.env.reset(seed=seed, options=options)
+
+    def step(self, actions: MultiAgentDict) -> StepResult:
+        if not actions and not self.env.agents:
+            return {}, {}, {"__all__": False}, {"__all__": False}, {}
+        obs, rewards, terminateds, truncateds, infos = self.env.step(actions)
+        terminated_all, truncated_all = _episode_end_flags(
+            terminateds, truncateds, episode_over=not self.env.agents
+        )
+        terminateds = {**terminateds, "__all__": terminated_all}
+        truncateds = {**truncateds, "__all__": truncated_all}
+        return obs, rewards, terminateds, truncateds, infos
+
+
+class AECPettingZooEnv(_PettingZooSpaces):
+    """Wraps a `pettingzoo.AECEnv` (turn-based) as a MultiAgentEnv.
+
+    Mapping, per call of `step({agent: action})` for the agent to move:
+
+    - obs / infos: the next live agent to move (`env.observe`, `env.infos`),
+      preceded by every dead agent (terminated or truncated) the env selects
+      on the way. A dead agent gets its final obs and its own flags and is
+      then stepped with `None` here, so the caller never acts for it.
+    - rewards: the sum of the step rewards (`env.rewards`, not the
+      cumulative ones) of every `env.step` call made, for every agent the env
+      listed, whether it has an obs now or not. Summing all rewards this
+      wrapper returns therefore gives exactly what the env handed out; the
+      runner credits a reward for an agent without obs to that agent's next
+      (or final) transition. Non-zero rewards present right after
+      `env.reset` are returned with the first step.
+    - `"__all__"`: true once `env.agents` is empty; terminated unless an
+      agent that ended in that round was truncated (then truncated).
+
+    `reset` returns only the first live agent to move (dead agents selected
+    before it are stepped out silently: they never had a turn). A `step` with
+    an empty action dict is a no-op returning empty dicts when no agent is left
+    to act; while an agent waits for its action it is an `EnvError`, because
+    no progress is possible without that action.
+    """
+
+    def __init__(self, env: AECEnv) -> None:
+        self.env = env
+        self._init_spaces()
+        self._rewards_before_step: MultiAgentDict = {}
+
+    def reset(
+        self, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[MultiAgentDict, MultiAgentDict]:
+        env = self.env
+        env.reset(seed=seed, options=options)
+        rewards = {agent: reward for agent, reward in env.rewards.items() if reward}
+        obs, _, _, _, infos = self._advance_to_live_agent(rewards)
+        if not env.agents:
+            raise EnvError(f"AEC env {env} has no live agent after reset; expected one to move")
+        self._rewards_before_step = rewards
+        live_agent = env.agent_selection
+        if len(obs) > 1:
+            obs, infos = {live_agent: obs[live_agent]}, {live_agent: infos[live_agent]}
+        return obs, infos
+
+    def step(self, actions: MultiAgentDict) -> StepResult:
+        env = self.env
+        rewards, self._rewards_before_step = self._rewards_before_step, {}
+        if not env.agents:
+            if actions:
+                raise EnvError(f"AEC env {env} has no agents left; got actions for {list(actions)}")
+            return {}, rewards, {"__all__": False}, {"__all__": False}, {}
+        agent = env.agent_selection
+        if len(actions) != 1 or agent not in actions:
+            raise EnvError(
+                f"AEC env {env} waits for agent {agent!r} to move; "
+                f"expected exactly its action, got actions for {list(actions)}"
+            )
+        env.step(actions[agent])
+        self._add_step_rewards(rewards)
+        return self._advance_to_live_agent(rewards)
+
+    def _add_step_rewards(self, rewards: MultiAgentDict) -> None:
+        """Add the rewards of the last `env.step` call to `rewards`."""
+        for agent, reward in self.env.rewards.items():
+            rewards[agent] = rewards.get(agent, 0.0) + reward
+
+    def _advance_to_live_agent(self, rewards: MultiAgentDict) -> StepResult:
+        """Step out dead agents until a live one is selected or none is left."""
+        env = self.env
+        obs: MultiAgentDict = {}
+        terminateds: MultiAgentDict = {}
+        truncateds: MultiAgentDict = {}
+        infos: MultiAgentDict = {}
+        while env.agents:
+            agent = env.agent_selection
+            if agent in obs:
+                raise EnvError(
+                    f"AEC env {env} selected dead agent {agent!r} again after stepping it "
+                    "with None; expected the env to remove it from env.agents"
+                )
+            terminated = env.terminations[agent]
+            truncated = env.truncations[agent]
+            obs[agent] = env.observe(agent)
+            infos[agent] = env.infos[agent]
+            terminateds[agent] = terminated
+            truncateds[agent] = truncated
+            if not (terminated or truncated):
+                terminateds["__all__"] = truncateds["__all__"] = False
+                return obs, rewards, terminateds, truncateds, infos
+            env.step(None)
+            self._add_step_rewards(rewards)
+        terminated_all, truncated_all = _episode_end_flags(terminateds, truncateds, True)
+        terminateds["__all__"] = terminated_all
+        truncateds["__all__"] = truncated_all
+        return obs, rewards, terminateds, truncateds, infos

@@ -1,0 +1,179 @@
+"""The worker-process side of SubprocessVectorEnv, and the protocol both sides speak.
+
+Requests are pickled `(command, payload)` tuples; every request gets exactly
+one pickled reply, so parent and worker never get out of step. Per sub-env
+results are the env's own result, a `Crash` or a `Malformed`.
+"""
+
+from __future__ import annotations
+
+import pickle
+import signal
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+from marl_runner.envs.base_env import EnvID, close_quietly
+from marl_runner.envs.checks import check_reset_result, check_step_result
+from marl_runner.envs.errors import EnvError
+from marl_runner.envs.multi_agent_env import MultiAgentDict, MultiAgentEnv
+from marl_runner.envs.shared_obs import SharedObsWriter
+
+
+@dataclass
+class Crash:
+    """A sub-env raised; `error` is the exception, made picklable."""
+
+    error: Exception
+
+
+@dataclass
+class Malformed:
+    """A sub-env returned data that breaks the MultiAgentEnv contract."""
+
+    message: str
+
+
+def send(conn: Connection, message: Any) -> None:
+    conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def receive(conn: Connection) -> Any:
+    return pickle.loads(conn.recv_bytes())
+
+
+def _portable(error: BaseException, where: str) -> Exception:
+    """`error` with its traceback text as a note, or an EnvError copy of it if
+    it would not survive pickling (the parent never sees the original)."""
+    note = f"raised in {where}:\n{''.join(traceback.format_exception(error))}"
+    try:
+        copy = pickle.loads(pickle.dumps(error))
+    except Exception:
+        copy = None
+    if not isinstance(copy, Exception):
+        copy = EnvError(f"{where} raised {type(error).__name__}: {error}")
+    try:
+        copy.__notes__ = [*getattr(copy, "__notes__", []), note]
+    except AttributeError:
+        pass  # an exception type that forbids new attributes just loses the note
+    return copy
+
+
+def _step_sub_env(
+    env: MultiAgentEnv,
+    env_id: EnvID,
+    actions: MultiAgentDict,
+    worker_index: int,
+    obs_writer: SharedObsWriter,
+) -> Any:
+    try:
+        result = env.step(actions)
+    except Exception as error:
+        return Crash(_portable(error, f"sub-env {env_id} (worker {worker_index})"))
+    try:
+        obs, *rest = check_step_result(result, env_id, env)
+    except EnvError as error:
+        return Malformed(str(error))
+    return (obs_writer.pack(obs), *rest)
+
+
+def _reset_sub_env(
+    env: MultiAgentEnv,
+    env_id: EnvID,
+    seed: int | None,
+    options: dict[str, Any] | None,
+    worker_index: int,
+    obs_writer: SharedObsWriter,
+) -> Any:
+    try:
+        result = env.reset(seed=seed, options=options)
+    except Exception as error:
+        return Crash(_portable(error, f"sub-env {env_id} (worker {worker_index})"))
+    try:
+        obs, infos = check_reset_result(result, env_id, env)
+    except EnvError as error:
+        return Malformed(str(error))
+    return obs_writer.pack(obs), infos
+
+
+def worker_main(
+    conn: Connection,
+    make_one: Callable[[int], MultiAgentEnv],
+    env_ids: Sequence[EnvID],
+    worker_index: int,
+) -> None:
+    """Serve step/reset/restart/render/close requests for `env_ids` until closed.
+
+    Every request gets exactly one reply, so parent and worker never get out
+    of step. Per sub-env replies are the env's result, a `Crash` or a
+    `Malformed`.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    envs: dict[EnvID, MultiAgentEnv] = {}
+    for env_id in env_ids:
+        try:
+            envs[env_id] = make_one(env_id)
+        except Exception as error:
+            send(
+                conn, Crash(_portable(error, f"creating sub-env {env_id} (worker {worker_index})"))
+            )
+            return
+    send(conn, "ready")
+    obs_writer = SharedObsWriter()
+    try:
+        _serve(conn, make_one, envs, worker_index, obs_writer)
+    finally:
+        obs_writer.close()
+
+
+def _serve(
+    conn: Connection,
+    make_one: Callable[[int], MultiAgentEnv],
+    envs: dict[EnvID, MultiAgentEnv],
+    worker_index: int,
+    obs_writer: SharedObsWriter,
+) -> None:
+    """The worker's request loop; step and reset replies are `(new_block_name, results)`."""
+    while True:
+        try:
+            command, payload = receive(conn)
+        except EOFError:
+            return
+        if command == "step":
+            obs_writer.start_reply()
+            results = [
+                _step_sub_env(envs[env_id], env_id, actions, worker_index, obs_writer)
+                for env_id, actions in payload
+            ]
+            reply: Any = (obs_writer.new_block_name(), results)
+        elif command == "reset":
+            obs_writer.start_reply()
+            results = [
+                _reset_sub_env(envs[env_id], env_id, seed, options, worker_index, obs_writer)
+                for env_id, seed, options in payload
+            ]
+            reply = (obs_writer.new_block_name(), results)
+        elif command == "restart":
+            close_quietly(envs[payload], payload)
+            try:
+                envs[payload] = make_one(payload)
+                reply = None
+            except Exception as error:
+                reply = Crash(
+                    _portable(error, f"recreating sub-env {payload} (worker {worker_index})")
+                )
+        elif command == "render":
+            try:
+                reply = envs[payload].render()
+            except Exception as error:
+                reply = Crash(
+                    _portable(error, f"rendering sub-env {payload} (worker {worker_index})")
+                )
+        else:  # "close"
+            for env_id, env in envs.items():
+                close_quietly(env, env_id)
+            send(conn, None)
+            return
+        send(conn, reply)

@@ -1,0 +1,65 @@
+"""CrashingEnv: raises in step or reset on cue, to test fault isolation."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from marl_runner.envs.multi_agent_env import MultiAgentDict, StepResult
+from marl_runner.envs.testing.scripted_env import ScriptedEnv, every_round_script
+
+
+class CrashingEnvError(RuntimeError):
+    """The exception CrashingEnv raises (picklable, so it crosses processes)."""
+
+
+class CrashingEnv(ScriptedEnv):
+    """Two agents acting every round; `step` raises at a chosen episode step.
+
+    Args:
+        crash_step: the step call (1-based, within an episode) that raises;
+            None never crashes in step.
+        step_crashes: how many step crashes this instance makes before it
+            behaves (None: every episode crashes).
+        reset_crashes: how many of this instance's first resets raise.
+        episode_len: rounds per episode when no crash happens.
+        hard_exit: make the step crash end the whole process (`os._exit`)
+            instead of raising, to test how a vector env survives a dead
+            worker process. Never use it in the runner's own process.
+
+    A crash leaves the episode state untouched. Counters belong to the
+    instance, so a recreated env crashes afresh.
+    """
+
+    def __init__(
+        self,
+        crash_step: int | None = 3,
+        step_crashes: int | None = None,
+        reset_crashes: int = 0,
+        episode_len: int = 10,
+        hard_exit: bool = False,
+    ) -> None:
+        super().__init__(every_round_script(("a0", "a1"), episode_len), ("a0", "a1"))
+        self.crash_step = crash_step
+        self.step_crashes = step_crashes
+        self.reset_crashes = reset_crashes
+        self.hard_exit = hard_exit
+        self.num_resets = 0
+        self.num_step_crashes = 0
+
+    def reset(
+        self, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[MultiAgentDict, MultiAgentDict]:
+        self.num_resets += 1
+        if self.num_resets <= self.reset_crashes:
+            raise CrashingEnvError(f"CrashingEnv: planned crash in reset #{self.num_resets}")
+        return super().reset(seed=seed, options=options)
+
+    def step(self, actions: MultiAgentDict) -> StepResult:
+        crashes_left = self.step_crashes is None or self.num_step_crashes < self.step_crashes
+        if self._round + 1 == self.crash_step and crashes_left:
+            self.num_step_crashes += 1
+            if self.hard_exit:
+                os._exit(3)
+            raise CrashingEnvError(f"CrashingEnv: planned crash in step {self.crash_step}")
+        return super().step(actions)

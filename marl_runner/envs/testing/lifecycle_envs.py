@@ -1,0 +1,124 @@
+"""Scripted envs for the agent-lifecycle edge cases a runner must get right.
+
+Each docstring says which rule of SPEC.md the script exercises; rewards are
+chosen so that losing or doubling any one of them changes the totals.
+"""
+
+from __future__ import annotations
+
+from marl_runner.envs.testing.scripted_env import Round, ScriptedEnv
+
+
+class DyingAgentsEnv(ScriptedEnv):
+    """Four agents that end at different rounds (9 rounds, terminated).
+
+    a0 terminates at round 3 and a1 at round 6 (final obs with terminated
+    True); a2 lives to the end; a3 observes only on even rounds, so the
+    episode ends (round 9) while it has no obs: it needs a fake final obs.
+    Every live agent gets `0.1 * (index + 1)` per round, with obs or not.
+    """
+
+    AGENTS = ("a0", "a1", "a2", "a3")
+    LAST_ROUND = {"a0": 3, "a1": 6}
+    EPISODE_LEN = 9
+
+    def __init__(self) -> None:
+        script = [Round(self.AGENTS)]
+        for round_index in range(1, self.EPISODE_LEN + 1):
+            alive = [
+                a for a in self.AGENTS if self.LAST_ROUND.get(a, self.EPISODE_LEN) >= round_index
+            ]
+            observing = tuple(a for a in alive if a != "a3" or round_index % 2 == 0)
+            rewards = {a: 0.1 * (self.AGENTS.index(a) + 1) for a in alive}
+            if round_index == self.EPISODE_LEN:
+                script.append(Round(observing, rewards, terminated=observing, end="terminated"))
+            else:
+                dying = tuple(a for a in observing if self.LAST_ROUND.get(a) == round_index)
+                script.append(Round(observing, rewards, terminated=dying))
+        super().__init__(script, self.AGENTS)
+
+
+class SpawningAgentsEnv(ScriptedEnv):
+    """Agents that appear mid-episode (8 rounds, truncated by a time limit).
+
+    a1 first observes at round 2 but is rewarded at round 1 already (that
+    reward belongs to its first transition); a2 appears at round 3 already
+    terminated (it is skipped, so it is never rewarded); a3 appears at round
+    5; a1 terminates at round 6.
+    """
+
+    AGENTS = ("a0", "a1", "a2", "a3")
+
+    def __init__(self) -> None:
+        script = [
+            Round(("a0",)),
+            Round(("a0",), {"a0": 1.0, "a1": 0.5}),
+            Round(("a0", "a1"), {"a0": 1.0}),
+            Round(("a0", "a1", "a2"), {"a0": 1.0, "a1": 1.0}, terminated=("a2",)),
+            Round(("a0", "a1"), {"a0": 1.0, "a1": 1.0}),
+            Round(("a0", "a1", "a3"), {"a0": 1.0, "a1": 1.0}),
+            Round(("a0", "a1", "a3"), {"a0": 1.0, "a1": 1.0, "a3": 1.0}, terminated=("a1",)),
+            Round(("a0", "a3"), {"a0": 1.0, "a3": 1.0}),
+            Round(("a0", "a3"), {"a0": 1.0, "a3": 1.0}, truncated=("a0", "a3"), end="truncated"),
+        ]
+        super().__init__(script, self.AGENTS)
+
+
+class TurnBasedEnv(ScriptedEnv):
+    """Three players taking turns (7 rounds, terminated); one obs per round.
+
+    Rewards go to players without an obs that round (p0 at round 2), before
+    a player's first obs (p2 at round 1), and after a player is done (p1
+    terminates at round 4 and is rewarded at round 5). At round 4 p1's final
+    obs and p2's turn arrive together, as an AEC wrapper delivers them. The
+    episode ends on p0's turn, so p2 ends without an obs.
+    """
+
+    AGENTS = ("p0", "p1", "p2")
+
+    def __init__(self) -> None:
+        script = [
+            Round(("p0",)),
+            Round(("p1",), {"p0": 1.0, "p2": 0.5}),
+            Round(("p2",), {"p1": 1.0, "p0": -0.25}),
+            Round(("p0",), {"p2": 1.0}),
+            Round(("p1", "p2"), {"p0": 1.0, "p1": 3.0}, terminated=("p1",)),
+            Round(("p0",), {"p2": 1.0, "p1": 2.0}),
+            Round(("p2",), {"p0": 1.0}),
+            Round(("p0",), {"p2": 1.0, "p0": 0.5}, terminated=("p0",), end="terminated"),
+        ]
+        super().__init__(script, self.AGENTS)
+
+
+class TimeLimitEnv(ScriptedEnv):
+    """An episode cut by a time limit after 5 rounds (`"__all__"` truncated).
+
+    a0 observes every round and ends truncated; a1 observes only on even
+    rounds, so it has no obs in the last round: its fake final obs must be
+    marked truncated, not terminated, to keep value bootstrapping right.
+    """
+
+    AGENTS = ("a0", "a1")
+
+    def __init__(self) -> None:
+        rewards = {"a0": 1.0, "a1": 0.5}
+        script = [
+            Round(("a0", "a1")),
+            Round(("a0",), rewards),
+            Round(("a0", "a1"), rewards),
+            Round(("a0",), rewards),
+            Round(("a0", "a1"), rewards),
+            Round(("a0",), rewards, truncated=("a0",), end="truncated"),
+        ]
+        super().__init__(script, self.AGENTS)
+
+
+class NoObsEnv(ScriptedEnv):
+    """An episode of 2 rounds in which no agent ever gets an obs.
+
+    A runner must report it as an error saying the env never returned an
+    observation for any agent (and must step it with empty action dicts).
+    """
+
+    def __init__(self) -> None:
+        super().__init__([Round(), Round(), Round(end="terminated")], ("a0",))

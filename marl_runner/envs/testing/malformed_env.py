@@ -1,0 +1,57 @@
+"""MalformedEnv: breaks the MultiAgentEnv contract in one chosen way."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+
+from marl_runner.envs.multi_agent_env import MultiAgentDict, MultiAgentEnv
+
+_GOOD_STEP: tuple[Any, ...] = (
+    {"a0": 0},
+    {"a0": 0.0},
+    {"a0": False, "__all__": False},
+    {"a0": False, "__all__": False},
+    {"a0": {}},
+)
+_DEFECTS: dict[str, Any] = {
+    "none": _GOOD_STEP,
+    "four_values": _GOOD_STEP[:4],
+    "not_a_tuple": None,
+    "obs_not_dict": (["a0"], *_GOOD_STEP[1:]),
+    "no_all_terminated": (*_GOOD_STEP[:2], {"a0": False}, *_GOOD_STEP[3:]),
+    "no_all_truncated": (*_GOOD_STEP[:3], {"a0": False}, _GOOD_STEP[4]),
+}
+RESET_DEFECTS = ("reset_obs_only",)
+
+
+class MalformedEnv(MultiAgentEnv):
+    """One agent `a0`; reset and step return data with the named `defect`.
+
+    Step defects: `four_values`, `not_a_tuple`, `obs_not_dict`,
+    `no_all_terminated`, `no_all_truncated` (or `none` for well-formed
+    output); reset defect: `reset_obs_only`. For tests that a vector env or
+    runner names the sub-env and what was expected. Given by name, so that
+    it can be built from a config and in worker processes.
+    """
+
+    def __init__(self, defect: str = "none") -> None:
+        if defect not in _DEFECTS and defect not in RESET_DEFECTS:
+            raise ValueError(
+                f"MalformedEnv defect {defect!r}: expected one of {[*_DEFECTS, *RESET_DEFECTS]}"
+            )
+        self.defect = defect
+        self.possible_agents = ["a0"]
+        self.observation_spaces = {"a0": gym.spaces.Discrete(2)}
+        self.action_spaces = {"a0": gym.spaces.Discrete(2)}
+
+    def reset(
+        self, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[MultiAgentDict, MultiAgentDict]:
+        if self.defect == "reset_obs_only":
+            return ({"a0": 0},)  # type: ignore[return-value]
+        return {"a0": 0}, {"a0": {}}
+
+    def step(self, actions: MultiAgentDict) -> Any:
+        return _DEFECTS.get(self.defect, _GOOD_STEP)

@@ -1,0 +1,163 @@
+"""Policy mapping functions from the three forms a config may give.
+
+A mapping function binds each agent of an episode to a policy id:
+``fn(agent_id, episode, **kwargs) -> policy_id``. Users may write it as a
+function (in code or as a ``"module:function"`` import path), as a dict of
+agent-id globs, or leave it out when there is a single policy.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import inspect
+from collections.abc import Callable, Collection, Mapping
+from typing import Any
+
+from marl_runner.imports import import_object
+
+__all__ = ["PolicyMappingError", "PolicyMappingFn", "make_policy_mapping_fn"]
+
+PolicyMappingFn = Callable[..., str]
+
+
+class PolicyMappingError(ValueError):
+    """A mapping that cannot be built, or that gives an agent no known policy id.
+
+    Its own type so that callers can tell it from errors raised inside a
+    user's mapping function.
+    """
+
+
+def make_policy_mapping_fn(
+    spec: Callable[..., Any] | str | Mapping[str, str] | None,
+    policy_ids: Collection[str],
+) -> PolicyMappingFn:
+    """Returns ``fn(agent_id, episode, **kwargs) -> policy_id`` for ``spec``.
+
+    Args:
+        spec: a callable; a ``"module:function"`` import path; a dict of
+            ``fnmatch`` glob -> policy id (first matching pattern in dict
+            order wins, matched against ``str(agent_id)``); or None when
+            ``policy_ids`` holds exactly one id.
+        policy_ids: the known policy ids. Every returned id is checked against
+            it on each call, so pass a live view (``policy_map.keys()``) to
+            allow policies added later.
+
+    The returned function accepts and forwards only the keyword arguments
+    the user's function declares, so a plain ``def fn(agent_id, episode)``
+    works even when the runner passes extra context such as ``runner=``.
+
+    Raises:
+        PolicyMappingError: spec is None with more or fewer than one policy, or a glob
+            dict names an unknown policy id; the returned function raises it
+            when an agent matches no glob or a function returns an unknown id.
+        ImportPathError: the import path cannot be resolved.
+        TypeError: spec is none of the accepted forms.
+    """
+    if spec is None:
+        if len(policy_ids) != 1:
+            raise PolicyMappingError(
+                f"policy_mapping_fn is required when there are {len(policy_ids)} policies "
+                f"({_listing(policy_ids)}): give an import path 'module:function' or a "
+                "mapping of agent-id glob -> policy id"
+            )
+        (only_policy,) = policy_ids
+        return _SinglePolicyMapping(only_policy)
+    if isinstance(spec, Mapping):
+        return _GlobMapping(spec, policy_ids)
+    if isinstance(spec, str):
+        fn = import_object(spec)
+        if not callable(fn):
+            raise TypeError(
+                f"policy_mapping_fn {spec!r} names a {type(fn).__name__}, not a function"
+            )
+        return _FunctionMapping(fn, policy_ids, name=spec)
+    if callable(spec):
+        return _FunctionMapping(spec, policy_ids, name=getattr(spec, "__qualname__", repr(spec)))
+    raise TypeError(
+        f"policy_mapping_fn: got {type(spec).__name__} {spec!r}, expected a callable, an import "
+        "path 'module:function', a mapping of agent-id glob -> policy id, or None"
+    )
+
+
+class _SinglePolicyMapping:
+    """Every agent plays the one policy there is."""
+
+    def __init__(self, policy_id: str) -> None:
+        self.policy_id = policy_id
+
+    def __call__(self, agent_id: Any, episode: Any = None, **kwargs: Any) -> str:
+        return self.policy_id
+
+    def __repr__(self) -> str:
+        return f"<policy mapping: every agent -> {self.policy_id!r}>"
+
+
+class _GlobMapping:
+    """Agent-id globs checked in order; the first match names the policy."""
+
+    def __init__(self, patterns: Mapping[str, str], policy_ids: Collection[str]) -> None:
+        if not patterns:
+            raise PolicyMappingError(
+                "policy_mapping_fn: the glob mapping is empty; expected {glob: policy id}"
+            )
+        for pattern, policy_id in patterns.items():
+            if policy_id not in policy_ids:
+                raise PolicyMappingError(
+                    f"policy_mapping_fn: pattern {pattern!r} maps to unknown policy id "
+                    f"{policy_id!r}; known policies: {_listing(policy_ids)}"
+                )
+        self.patterns = dict(patterns)
+
+    def __call__(self, agent_id: Any, episode: Any = None, **kwargs: Any) -> str:
+        name = str(agent_id)
+        for pattern, policy_id in self.patterns.items():
+            if fnmatch.fnmatchcase(name, pattern):
+                return policy_id
+        raise PolicyMappingError(
+            f"policy_mapping_fn: agent {agent_id!r} matches none of the patterns "
+            f"{_listing(self.patterns)}; add a pattern for it (e.g. '*' as the last entry)"
+        )
+
+    def __repr__(self) -> str:
+        return f"<policy mapping: globs {self.patterns!r}>"
+
+
+class _FunctionMapping:
+    """A user function, called with the keyword arguments it accepts, its result checked."""
+
+    def __init__(self, fn: Callable[..., Any], policy_ids: Collection[str], *, name: str) -> None:
+        self.fn = fn
+        self.name = name
+        self.policy_ids = policy_ids
+        self._accepted_kwargs = _accepted_keywords(fn)
+
+    def __call__(self, agent_id: Any, episode: Any = None, **kwargs: Any) -> str:
+        if self._accepted_kwargs is not None:
+            kwargs = {k: v for k, v in kwargs.items() if k in self._accepted_kwargs}
+        policy_id = self.fn(agent_id, episode, **kwargs)
+        if policy_id not in self.policy_ids:
+            raise PolicyMappingError(
+                f"policy_mapping_fn {self.name} returned {policy_id!r} for agent {agent_id!r}, "
+                f"which is not a known policy id; known policies: {_listing(self.policy_ids)}"
+            )
+        return policy_id
+
+    def __repr__(self) -> str:
+        return f"<policy mapping: {self.name}>"
+
+
+def _accepted_keywords(fn: Callable[..., Any]) -> frozenset[str] | None:
+    """Names ``fn`` takes by keyword beyond (agent_id, episode); None means any (``**kwargs``)."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # builtins without a signature: pass no extras
+        return frozenset()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    keyword_kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return frozenset(p.name for p in params[2:] if p.kind in keyword_kinds)
+
+
+def _listing(names: Collection[Any]) -> str:
+    return ", ".join(repr(n) for n in names) or "(none)"

@@ -1,0 +1,107 @@
+"""The policy contract the runner drives: batched rows in, actions out."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import gymnasium as gym
+import numpy as np
+
+if TYPE_CHECKING:
+    from marl_runner.batch import SampleBatch
+    from marl_runner.episode import MultiAgentEpisode
+
+__all__ = ["Policy", "PolicyOutput"]
+
+PolicyOutput = tuple[Any, list[np.ndarray], dict[str, np.ndarray]]
+"""``(actions, state_outs, extra)``: every array has one row per input row."""
+
+
+class Policy(abc.ABC):
+    """Maps a batch of per-agent inputs to actions; one instance per policy id.
+
+    Only :meth:`compute_actions_from_input_dict` must be written; the other
+    methods default to a stateless, feed-forward policy without weights.
+
+    Attributes:
+        observation_space: the policy's *input* space, i.e. what the agent
+            connector pipeline outputs (usually a flat Box), not the env's.
+        action_space: the space of the raw actions this policy returns.
+        config: the policy's config dict.
+        agent_connectors / action_connectors: the pipelines the runner built
+            for this policy (None until the runner sets them).
+        view_requirements: extra input columns the policy wants the agent
+            connectors to provide, e.g. ``{"prev_actions": {...}}``; taken
+            from ``config["view_requirements"]`` (default: none).
+    """
+
+    def __init__(
+        self,
+        observation_space: gym.Space,
+        action_space: gym.Space,
+        config: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.observation_space = observation_space
+        self.action_space = action_space
+        self.config: dict[str, Any] = dict(config or {})
+        self.agent_connectors: Any = None
+        self.action_connectors: Any = None
+        self.view_requirements: dict[str, dict[str, Any]] = dict(
+            self.config.get("view_requirements") or {}
+        )
+
+    @abc.abstractmethod
+    def compute_actions_from_input_dict(
+        self,
+        input_dict: Mapping[str, Any],
+        explore: bool | None = None,
+        timestep: int | None = None,
+        episodes: list[MultiAgentEpisode] | None = None,
+    ) -> PolicyOutput:
+        """Actions for every row of ``input_dict`` in one batched call.
+
+        ``input_dict`` holds ``obs`` ``[n, ...]`` and, when the connectors
+        provide them, ``action_mask`` ``[n, A]`` (1 = allowed),
+        ``state_in_0..k``, ``prev_actions``, ``prev_rewards``. Returns
+        ``(actions, state_outs, extra)``, all numpy with first dim n.
+        """
+
+    def get_initial_state(self) -> list[np.ndarray]:
+        """Recurrent state of a fresh agent, one array per state tensor (shape of one row)."""
+        return []
+
+    def num_state_tensors(self) -> int:
+        return len(self.get_initial_state())
+
+    def is_recurrent(self) -> bool:
+        return self.num_state_tensors() > 0
+
+    def get_weights(self) -> dict[str, np.ndarray]:
+        """Trainable parameters as numpy arrays, to ship to other runners."""
+        return {}
+
+    def set_weights(self, weights: Mapping[str, np.ndarray]) -> None:
+        """Loads what :meth:`get_weights` returned; a policy without weights accepts only ``{}``."""
+        if weights:
+            raise ValueError(
+                f"{type(self).__name__} has no weights, got weights named {sorted(weights)}"
+            )
+
+    def get_state(self) -> dict[str, Any]:
+        """Everything needed to restore this policy: weights plus any other state."""
+        return {"weights": self.get_weights()}
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        """Restores what :meth:`get_state` returned."""
+        self.set_weights(state["weights"])
+
+    def postprocess_trajectory(
+        self,
+        batch: SampleBatch,
+        other_agent_batches: Mapping[Any, Any] | None = None,
+        episode: MultiAgentEpisode | None = None,
+    ) -> SampleBatch:
+        """Adds training columns (e.g. advantages) to one agent's trajectory; default: none."""
+        return batch

@@ -1,0 +1,154 @@
+"""Built-in torch models and the factory that reads a policy's ``model`` config.
+
+Model protocol (built-in and user classes alike): the constructor takes
+``(obs_dim, num_outputs, **kwargs)``. A feed-forward model's
+``forward(obs)`` returns ``(dist_inputs, value)``; a recurrent model also
+defines ``get_initial_state() -> list[Tensor]`` (one tensor per state, shape
+of one row), and its ``forward(obs, state)`` returns
+``(dist_inputs, value, state_out)``, one step per row.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from marl_runner.imports import import_object
+
+__all__ = ["LSTMModel", "MLPModel", "build_model", "is_recurrent_model"]
+
+_ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
+_MODEL_KEYS = {
+    "mlp": {"type", "hidden", "activation", "vf_share_layers"},
+    "lstm": {"type", "hidden", "activation", "lstm_cell_size"},
+}
+_CHOICES = "'mlp', 'lstm' or {class: 'pkg.mod:Cls', ...}"
+
+
+def _linear(in_dim: int, out_dim: int, gain: float) -> nn.Linear:
+    """Orthogonal init with a per-layer gain: the usual PPO initialisation.
+
+    A small gain on the logits layer makes the initial policy near uniform.
+    """
+    layer = nn.Linear(in_dim, out_dim)
+    nn.init.orthogonal_(layer.weight, gain)
+    nn.init.zeros_(layer.bias)
+    return layer
+
+
+def _mlp(in_dim: int, hidden: Sequence[int], activation: str) -> tuple[nn.Sequential, int]:
+    layers: list[nn.Module] = []
+    for size in hidden:
+        layers += [_linear(in_dim, int(size), math.sqrt(2.0)), _ACTIVATIONS[activation]()]
+        in_dim = int(size)
+    return nn.Sequential(*layers), in_dim
+
+
+class MLPModel(nn.Module):
+    """Policy and value MLPs over a flat input (separate trunks unless ``vf_share_layers``)."""
+
+    def __init__(
+        self,
+        obs_dim: int,
+        num_outputs: int,
+        hidden: Sequence[int] = (64, 64),
+        activation: str = "tanh",
+        vf_share_layers: bool = False,
+    ) -> None:
+        super().__init__()
+        self.policy_trunk, width = _mlp(obs_dim, hidden, activation)
+        self.value_trunk = None if vf_share_layers else _mlp(obs_dim, hidden, activation)[0]
+        self.logits = _linear(width, num_outputs, 0.01)
+        self.value = _linear(width, 1, 1.0)
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        features = self.policy_trunk(obs)
+        value_features = features if self.value_trunk is None else self.value_trunk(obs)
+        return self.logits(features), self.value(value_features).squeeze(-1)
+
+
+class LSTMModel(nn.Module):
+    """MLP encoder, then one LSTM step per row, then policy and value heads.
+
+    Uses ``nn.LSTM`` (not ``LSTMCell``) so a trainer can run the same weights
+    over whole sequences; sampling feeds sequences of length 1.
+    """
+
+    def __init__(
+        self,
+        obs_dim: int,
+        num_outputs: int,
+        hidden: Sequence[int] = (64,),
+        activation: str = "tanh",
+        lstm_cell_size: int = 64,
+    ) -> None:
+        super().__init__()
+        self.encoder, width = _mlp(obs_dim, hidden, activation)
+        self.cell_size = int(lstm_cell_size)
+        self.lstm = nn.LSTM(width, self.cell_size, batch_first=True)
+        self.logits = _linear(self.cell_size, num_outputs, 0.01)
+        self.value = _linear(self.cell_size, 1, 1.0)
+
+    def get_initial_state(self) -> list[torch.Tensor]:
+        return [torch.zeros(self.cell_size), torch.zeros(self.cell_size)]
+
+    def forward(
+        self, obs: torch.Tensor, state: Sequence[torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        h, c = state
+        out, (h_out, c_out) = self.lstm(
+            self.encoder(obs).unsqueeze(1),
+            (h.unsqueeze(0).contiguous(), c.unsqueeze(0).contiguous()),
+        )
+        out = out.squeeze(1)
+        return self.logits(out), self.value(out).squeeze(-1), [h_out[0], c_out[0]]
+
+
+def is_recurrent_model(model: nn.Module) -> bool:
+    """Recurrent models declare their state by defining ``get_initial_state``."""
+    return callable(getattr(model, "get_initial_state", None))
+
+
+def _check_builtin(model_type: str, config: Mapping[str, Any]) -> None:
+    unknown = sorted(set(config) - _MODEL_KEYS[model_type])
+    if unknown:
+        raise ValueError(
+            f"unknown key(s) {unknown} in {model_type} model config; "
+            f"expected some of {sorted(_MODEL_KEYS[model_type])}"
+        )
+    activation = config.get("activation", "tanh")
+    if activation not in _ACTIVATIONS:
+        raise ValueError(
+            f"unknown model activation {activation!r}; expected one of {sorted(_ACTIVATIONS)}"
+        )
+
+
+def build_model(config: Mapping[str, Any], obs_dim: int, num_outputs: int) -> nn.Module:
+    """The model described by ``config``: ``{type: mlp|lstm, ...}`` or ``{class: ..., **kwargs}``.
+
+    Raises:
+        ValueError: unknown model type, unknown keys of a built-in model, or
+            an unknown activation; the message lists the choices.
+    """
+    config = dict(config)
+    if "class" in config:
+        if "type" in config:
+            raise ValueError(
+                f"model config sets both 'type' ({config['type']!r}) and 'class' "
+                f"({config['class']!r}); expected one of {_CHOICES}"
+            )
+        model_cls = config.pop("class")
+        if isinstance(model_cls, str):
+            model_cls = import_object(model_cls)
+        return model_cls(obs_dim, num_outputs, **config)
+    model_type = config.setdefault("type", "mlp")
+    if not isinstance(model_type, str) or model_type not in _MODEL_KEYS:
+        raise ValueError(f"unknown model type {model_type!r}; expected {_CHOICES}")
+    _check_builtin(model_type, config)
+    del config["type"]
+    model_cls = MLPModel if model_type == "mlp" else LSTMModel
+    return model_cls(obs_dim, num_outputs, **config)

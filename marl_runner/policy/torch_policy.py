@@ -1,0 +1,255 @@
+"""A policy around a torch model: one batched forward pass per runner round."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from marl_runner.policy.action_heads import make_action_head
+from marl_runner.policy.action_spaces import action_feature_size, check_action_mask, encode_actions
+from marl_runner.policy.base import Policy, PolicyOutput
+from marl_runner.policy.gae import compute_gae, parse_gae_config
+from marl_runner.policy.models import build_model, is_recurrent_model
+from marl_runner.policy.torch_utils import resolve_device, seeded_cpu_rng, to_numpy
+
+if TYPE_CHECKING:
+    from marl_runner.batch import SampleBatch
+    from marl_runner.episode import MultiAgentEpisode
+
+__all__ = ["TorchPolicy"]
+
+_DEFAULTS: dict[str, Any] = {
+    "model": {"type": "mlp"},
+    "device": "cpu",
+    "seed": None,
+    "explore": True,
+    "gae": None,
+    "view_requirements": {},
+}
+_VIEW_HINT = "the policy declares it as a view requirement; the agent connectors must provide it"
+_STATE_HINT = (
+    "a recurrent policy needs one row of state per agent; the StateBufferConnector adds it"
+)
+
+
+class TorchPolicy(Policy):
+    """Wraps a torch model with Discrete, MultiDiscrete or Box actions.
+
+    Config keys: ``model`` (``{type: mlp, hidden, activation,
+    vf_share_layers}``, ``{type: lstm, hidden, activation, lstm_cell_size}``
+    or ``{class: "pkg.mod:Cls", **kwargs}``; see ``models``), ``device``
+    (``cpu | cuda | auto``), ``seed`` (seeds weight init and a private
+    generator used only for sampling, so equal seeds give equal actions
+    whatever else uses torch's global RNG), ``explore`` (default True),
+    ``gae`` (``{gamma, lambda}``: adds advantages/value targets in
+    :meth:`postprocess_trajectory`) and ``view_requirements`` (declaring
+    ``prev_actions`` / ``prev_rewards`` feeds those columns to the model,
+    one-hot encoded for discrete actions, after the observation).
+
+    Extra outputs: ``action_logp`` [n] (log-prob of the returned action under
+    the masked distribution, also when not exploring), ``action_dist_inputs``
+    [n, k] (masked logits, or ``[mean, log_std]`` for Box) and ``vf_preds``
+    [n], all float32.
+    """
+
+    def __init__(
+        self,
+        observation_space: gym.Space,
+        action_space: gym.Space,
+        config: Mapping[str, Any] | None = None,
+    ) -> None:
+        config = dict(config or {})
+        unknown = sorted(set(config) - set(_DEFAULTS))
+        if unknown:
+            raise ValueError(
+                f"unknown TorchPolicy config key(s) {unknown}; expected some of {sorted(_DEFAULTS)}"
+            )
+        super().__init__(observation_space, action_space, {**_DEFAULTS, **config})
+        if not isinstance(observation_space, gym.spaces.Box):
+            raise ValueError(
+                f"TorchPolicy needs a flat Box observation space, got {observation_space}; "
+                "the ObsPreprocessorConnector flattens Dict/Tuple/Discrete observations "
+                "upstream, so keep it in the policy's agent connectors"
+            )
+        self._use_prev_actions = "prev_actions" in self.view_requirements
+        self._use_prev_rewards = "prev_rewards" in self.view_requirements
+        self._gae = parse_gae_config(self.config["gae"])
+        self.device = resolve_device(self.config["device"])
+
+        self._obs_dim = int(np.prod(observation_space.shape))
+        input_dim = self._obs_dim
+        if self._use_prev_actions:
+            input_dim += action_feature_size(action_space)
+        if self._use_prev_rewards:
+            input_dim += 1
+        seed = self.config["seed"]
+        with seeded_cpu_rng(seed):
+            self.action_head = make_action_head(action_space)
+            self.model = build_model(
+                self.config["model"], input_dim, self.action_head.num_model_outputs
+            )
+        # One module, so that weights, devices and train/eval modes cover both parts.
+        self.network = nn.ModuleDict({"model": self.model, "action_head": self.action_head})
+        self.network.to(self.device).eval()
+
+        self._recurrent = is_recurrent_model(self.model)
+        self._initial_state = (
+            [s.detach().cpu().numpy().astype(np.float32) for s in self.model.get_initial_state()]
+            if self._recurrent
+            else []
+        )
+        self._generator = torch.Generator(device=self.device)
+        if seed is None:
+            self._generator.seed()
+        else:
+            self._generator.manual_seed(int(seed))
+
+    def get_initial_state(self) -> list[np.ndarray]:
+        return [state.copy() for state in self._initial_state]
+
+    def num_state_tensors(self) -> int:
+        return len(self._initial_state)
+
+    def is_recurrent(self) -> bool:
+        return self._recurrent
+
+    def compute_actions_from_input_dict(
+        self,
+        input_dict: Mapping[str, Any],
+        explore: bool | None = None,
+        timestep: int | None = None,
+        episodes: list[MultiAgentEpisode] | None = None,
+    ) -> PolicyOutput:
+        """One forward pass over all rows; ``timestep`` and ``episodes`` are not used."""
+        explore = self.config["explore"] if explore is None else explore
+        model_input = self._model_input(input_dict)
+        num_rows = len(model_input)
+        mask = (
+            check_action_mask(input_dict["action_mask"], self.action_space, num_rows)
+            if "action_mask" in input_dict
+            else None
+        )
+        states = self._state_inputs(input_dict)
+        with torch.inference_mode():
+            model_out, values, state_outs = self._forward(model_input, states)
+            mask_t = None if mask is None else torch.from_numpy(mask).to(self.device)
+            dist_inputs = self.action_head.distribution_inputs(model_out, mask_t)
+            actions = self.action_head.sample(dist_inputs, mask_t, bool(explore), self._generator)
+            logp = self.action_head.log_prob(dist_inputs, actions)
+            actions, logp, dist_inputs, values, *state_outs = to_numpy(
+                [actions, logp, dist_inputs, values, *state_outs]
+            )
+        extra = {"action_logp": logp, "action_dist_inputs": dist_inputs, "vf_preds": values}
+        return actions.astype(self.action_space.dtype, copy=False), state_outs, extra
+
+    def postprocess_trajectory(
+        self,
+        batch: SampleBatch,
+        other_agent_batches: Mapping[Any, Any] | None = None,
+        episode: MultiAgentEpisode | None = None,
+    ) -> SampleBatch:
+        """Adds ``advantages`` and ``value_targets`` (GAE) when the config has ``gae``.
+
+        ``batch`` is one agent's trajectory in time order. Unless its last row
+        is terminated (episode truncated, or a fragment cut mid-episode), the
+        value of the last ``new_obs`` bootstraps the return.
+        """
+        if self._gae is None:
+            return batch
+        for column in ("rewards", "vf_preds", "terminateds", "new_obs"):
+            if column not in batch:
+                raise ValueError(f"GAE needs the {column!r} column; the batch has {sorted(batch)}")
+        rewards = np.asarray(batch["rewards"])
+        if len(rewards) == 0 or bool(batch["terminateds"][-1]):
+            last_value = 0.0
+        else:
+            last_value = self._bootstrap_value(batch)
+        batch["advantages"], batch["value_targets"] = compute_gae(
+            rewards, batch["vf_preds"], last_value, self._gae.gamma, self._gae.lambda_
+        )
+        return batch
+
+    def get_weights(self) -> dict[str, np.ndarray]:
+        """Copies of the network's tensors (model and action head) as numpy arrays."""
+        return {
+            name: tensor.detach().to("cpu", copy=True).numpy()
+            for name, tensor in self.network.state_dict().items()
+        }
+
+    def set_weights(self, weights: Mapping[str, np.ndarray]) -> None:
+        self.network.load_state_dict(
+            {name: torch.as_tensor(np.asarray(w)) for name, w in weights.items()}
+        )
+
+    def get_state(self) -> dict[str, Any]:
+        """Weights plus the sampling generator, so a restored policy draws the same actions."""
+        return {**super().get_state(), "sampler_rng_state": self._generator.get_state().numpy()}
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        super().set_state(state)
+        if "sampler_rng_state" in state:
+            self._generator.set_state(torch.from_numpy(np.asarray(state["sampler_rng_state"])))
+
+    def _model_input(self, input_dict: Mapping[str, Any]) -> np.ndarray:
+        """Flat float32 ``[n, input_dim]``: obs, then the declared previous action/reward."""
+        obs = np.asarray(input_dict["obs"], dtype=np.float32)
+        if obs.shape[1:] != self.observation_space.shape:
+            raise ValueError(
+                f"obs rows have shape {obs.shape[1:]}, but the policy's observation space is "
+                f"{self.observation_space}"
+            )
+        parts = [obs.reshape(len(obs), self._obs_dim)]
+        if self._use_prev_actions:
+            prev_actions = _required_column(input_dict, "prev_actions", _VIEW_HINT)
+            parts.append(encode_actions(prev_actions, self.action_space))
+        if self._use_prev_rewards:
+            prev_rewards = _required_column(input_dict, "prev_rewards", _VIEW_HINT)
+            parts.append(np.asarray(prev_rewards, dtype=np.float32).reshape(len(obs), 1))
+        return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
+
+    def _state_inputs(self, input_dict: Mapping[str, Any]) -> list[np.ndarray]:
+        return [
+            np.asarray(_required_column(input_dict, f"state_in_{i}", _STATE_HINT), dtype=np.float32)
+            for i in range(len(self._initial_state))
+        ]
+
+    def _forward(
+        self, model_input: np.ndarray, states: list[np.ndarray]
+    ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        """``(model_out, values [n], state_outs)`` from numpy inputs; call under inference mode."""
+        obs_t = torch.from_numpy(model_input).to(self.device)
+        if not self._recurrent:
+            model_out, values = self.model(obs_t)
+            return model_out, values.reshape(-1), []
+        states_t = [torch.from_numpy(s).to(self.device) for s in states]
+        model_out, values, state_outs = self.model(obs_t, states_t)
+        return model_out, values.reshape(-1), list(state_outs)
+
+    def _bootstrap_value(self, batch: SampleBatch) -> float:
+        """Value of the observation after the trajectory's last row (one forward pass)."""
+        last = slice(len(batch["rewards"]) - 1, None)
+        next_input = {"obs": batch["new_obs"][last]}
+        if self._use_prev_actions:
+            next_input["prev_actions"] = batch["actions"][last]
+        if self._use_prev_rewards:
+            next_input["prev_rewards"] = batch["rewards"][last]
+        for i in range(len(self._initial_state)):
+            # The state after the last step is the state the next observation is seen with.
+            state_out = _required_column(batch, f"state_out_{i}", "GAE bootstraps from it")
+            next_input[f"state_in_{i}"] = state_out[last]
+        with torch.inference_mode():
+            _, values, _ = self._forward(
+                self._model_input(next_input), self._state_inputs(next_input)
+            )
+            return float(values[0])
+
+
+def _required_column(data: Mapping[str, Any], column: str, why: str) -> Any:
+    if column not in data:
+        raise ValueError(f"missing input column {column!r} ({why})")
+    return data[column]

@@ -1,0 +1,544 @@
+"""The marl-runner CLI: validate, sample (with a stand-in runner and the real one), bench."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import yaml
+from rich.console import Console
+
+from marl_runner.batch import MultiAgentBatch, SampleBatch
+from marl_runner.cli import build_parser, main
+from marl_runner.config import RunnerConfig
+from marl_runner.display import SampleCounts, make_progress, metrics_table
+from marl_runner.io import read_batches, write_batch
+from marl_runner.metrics import RolloutMetrics
+
+REPO = Path(__file__).parent.parent
+EXAMPLES = REPO / "examples" / "configs"
+BOX = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+
+
+@pytest.fixture(autouse=True)
+def wide_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rich wraps tables at the terminal width; keep space reprs on one line."""
+    monkeypatch.setenv("COLUMNS", "250")
+
+
+def write_config(tmp_path: Path, **changes: Any) -> Path:
+    data: dict[str, Any] = {
+        "env": {"name": "fake_env"},
+        "num_envs": 2,
+        "rollout_fragment_length": 10,
+        "policies": {"archer": {}, "knight": {}},
+        "policy_mapping_fn": {"archer_*": "archer", "knight_*": "knight"},
+    }
+    data.update(changes)
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def assert_one_line_error(err: str, *words: str) -> None:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    for word in words:
+        assert word in lines[0], lines[0]
+
+
+# ----------------------------------------------------------------------------- parser
+
+
+def test_every_flag_has_help() -> None:
+    parser = build_parser()
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(subparsers.choices) == {"sample", "validate", "bench"}
+    for name in ("sample", "validate"):
+        for action in subparsers.choices[name]._actions:
+            assert action.help, f"{name} {action.option_strings or action.dest} has no help"
+    for choice in subparsers._choices_actions:
+        assert choice.help
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["sample", "c.yaml", "--steps", "0"],
+        ["sample", "c.yaml", "--steps", "10", "--episodes", "2"],
+        ["sample", "c.yaml", "--unknown"],
+        ["validate"],
+        [],
+    ],
+)
+def test_bad_command_lines_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    assert "usage:" in capsys.readouterr().err
+
+
+def test_help(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["sample", "--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert "--steps" in out and "--episodes" in out and "--out" in out and "--set" in out
+
+
+# ----------------------------------------------------------------------------- validate
+
+
+class FakeEnv:
+    """Just enough of a MultiAgentEnv for `validate`."""
+
+    def __init__(self, spaces: dict[str, tuple[gym.Space, gym.Space]]) -> None:
+        self.spaces = spaces
+        self.possible_agents = list(spaces)
+        self.closed = False
+
+    def get_observation_space(self, agent: str) -> gym.Space:
+        return self.spaces[agent][0]
+
+    def get_action_space(self, agent: str) -> gym.Space:
+        return self.spaces[agent][1]
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.fixture
+def fake_env(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """Serves `marl_runner.envs.make_env` from a FakeEnv the test configures."""
+    state: dict[str, Any] = {
+        "spaces": {
+            "archer_0": (BOX, gym.spaces.Discrete(6)),
+            "archer_1": (BOX, gym.spaces.Discrete(6)),
+            "knight_0": (BOX, gym.spaces.Discrete(4)),
+        },
+        "envs": [],
+        "configs": [],
+    }
+
+    def make_env(env_config: dict[str, Any]) -> FakeEnv:
+        state["configs"].append(env_config)
+        if "error" in state:
+            raise state["error"]
+        env = FakeEnv(state["spaces"])
+        state["envs"].append(env)
+        return env
+
+    module = types.ModuleType("marl_runner.envs")
+    module.make_env = make_env  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "marl_runner.envs", module)
+    return state
+
+
+def test_validate_prints_agents_policies_and_spaces(
+    tmp_path: Path, fake_env: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_config(tmp_path, env={"name": "fake_env", "config": {"size": 3}})
+    assert main(["validate", str(path), "--set", "env.config.size=5"]) == 0
+    out = capsys.readouterr().out
+    assert fake_env["configs"] == [{"name": "fake_env", "config": {"size": 5}, "api": "auto"}]
+    assert fake_env["envs"][0].closed
+    for text in (
+        "archer_0",
+        "archer_1",
+        "knight_0",
+        "Discrete(6)",
+        "Discrete(4)",
+        str(BOX),
+        "config OK",
+    ):
+        assert text in out
+    assert "archer_1 │ archer" in out.replace("  ", " ").replace("  ", " ")
+
+
+def test_validate_notes_unused_policies(
+    tmp_path: Path, fake_env: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    policies = {"archer": {}, "knight": {}, "zombie": {}}
+    path = write_config(tmp_path, policies=policies)
+    assert main(["validate", str(path)]) == 0
+    assert "note: policy 'zombie' has no agent" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("changes", "words"),
+    [
+        ({"num_env": 3}, ["run.yaml", "num_env: unknown key", "num_envs"]),
+        (
+            {"policies": {"archer": {"model": {"type": "cnn"}}}},
+            ["policies.archer.model.type", "'mlp'"],
+        ),
+        (
+            {"callbacks": "no_such_module_xyz:Cb"},
+            ["callbacks:", "no module named 'no_such_module_xyz'"],
+        ),
+        (
+            {"policy_mapping_fn": "examples.mappings:shared"},
+            ["'shared'", "'archer_0'", "not a known policy id"],
+        ),
+        (
+            {"policy_mapping_fn": {"archer_*": "archer"}},
+            ["'knight_0'", "matches none of the patterns"],
+        ),
+        ({"policy_mapping_fn": None}, ["policy_mapping_fn", "required when there are 2 policies"]),
+        (
+            {"policy_mapping_fn": {"*": "archer"}},
+            [
+                "'archer_0' and 'knight_0'",
+                "policy 'archer'",
+                "different action spaces",
+                "Discrete(6)",
+            ],
+        ),
+        (
+            {"policies": {"archer": {"action_space": {"type": "Discrete", "n": 5}}, "knight": {}}},
+            ["policies.archer.action_space", "Discrete(5)", "Discrete(6)"],
+        ),
+    ],
+)
+def test_validate_rejects_bad_configs(
+    tmp_path: Path,
+    fake_env: dict[str, Any],
+    capsys: pytest.CaptureFixture[str],
+    changes: dict[str, Any],
+    words: list[str],
+) -> None:
+    path = write_config(tmp_path, **changes)
+    assert main(["validate", str(path)]) == 2
+    captured = capsys.readouterr()
+    assert "config OK" not in captured.out
+    assert_one_line_error(captured.err, "marl-runner validate: error:", *words)
+
+
+def test_validate_reports_env_errors(
+    tmp_path: Path, fake_env: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake_env["error"] = TypeError("__init__() got an unexpected keyword argument 'sise'")
+    assert main(["validate", str(write_config(tmp_path))]) == 2
+    assert_one_line_error(capsys.readouterr().err, "env: cannot build 'fake_env'", "'sise'")
+
+
+def test_traceback_flag_shows_the_cause(
+    tmp_path: Path, fake_env: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake_env["error"] = TypeError("bad kwarg")
+    assert main(["validate", str(write_config(tmp_path)), "--traceback"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "TypeError: bad kwarg" in err
+
+
+def test_validate_yaml_syntax_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "broken.yaml"
+    path.write_text("env:\n  name: x\n policies: {}\n")
+    assert main(["validate", str(path)]) == 2
+    assert_one_line_error(capsys.readouterr().err, "broken.yaml", "line 3")
+
+
+def test_validate_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", str(tmp_path / "nope.yaml")]) == 2
+    assert_one_line_error(capsys.readouterr().err, "nope.yaml", "cannot read")
+
+
+def test_validate_bad_override(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", str(write_config(tmp_path)), "--set", "num_envs=0"]) == 2
+    assert_one_line_error(capsys.readouterr().err, "num_envs: got 0, expected an integer >= 1")
+
+
+EXPECTED_AGENTS = {
+    "kaz.yaml": {
+        "archer_0": "archer",
+        "archer_1": "archer",
+        "knight_0": "knight",
+        "knight_1": "knight",
+    },
+    "simple_spread.yaml": {"agent_0": "shared", "agent_1": "shared", "agent_2": "shared"},
+    "connect_four.yaml": {"player_0": "player_0", "player_1": "player_1"},
+    "tictactoe.yaml": {"player_1": "player_1", "player_2": "player_2"},
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_AGENTS))
+def test_validate_example_configs_with_real_envs(
+    name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["validate", str(EXAMPLES / name)]) == 0
+    out = capsys.readouterr().out
+    rows = {
+        line.split("│")[1].strip(): line.split("│")[2].strip()
+        for line in out.splitlines()
+        if line.count("│") >= 4
+    }
+    rows.pop("agent", None)
+    assert rows == EXPECTED_AGENTS[name]
+    assert "Discrete(" in out and "config OK" in out
+
+
+# ----------------------------------------------------------------------------- sample (stand-in runner)
+
+
+def fake_batch(env_steps: int) -> MultiAgentBatch:
+    infos = np.empty(2, dtype=object)
+    infos[:] = [{}, {"step": env_steps}]
+    archer = SampleBatch(
+        obs=np.zeros((2, 3), np.float32), rewards=np.ones(2, np.float32), infos=infos
+    )
+    return MultiAgentBatch({"archer": archer}, env_steps=env_steps)
+
+
+def episode(faulty: bool = False) -> RolloutMetrics:
+    return RolloutMetrics(5, 1.0, {}, {}, {}, {}, {}, {}, episode_faulty=faulty)
+
+
+FAKE_METRICS = {
+    "episodes": 2,
+    "episode_reward_mean": 1.5,
+    "episode_len_mean": 5.0,
+    "policy_reward_mean": {"archer": 1.0, "knight": 0.5},
+    "num_faulty_episodes": 1,
+    "num_env_steps": 30,
+    "num_agent_steps": 60,
+    "env_steps_per_s": 1234.5,
+    "agent_steps_per_s": 2469.0,
+    "perf": {"mean_inference_ms": 0.25, "mean_env_wait_ms": 0.5},
+}
+
+
+class FakeRunner:
+    """Replays a script of step() outputs; records its life cycle."""
+
+    script: list[Any] = []
+    instances: list[FakeRunner] = []
+
+    def __init__(self, config: RunnerConfig) -> None:
+        self.config = config
+        self.calls = 0
+        self.stopped = False
+        FakeRunner.instances.append(self)
+
+    def step(self) -> list:
+        item = self.script[self.calls % len(self.script)]
+        self.calls += 1
+        if isinstance(item, BaseException):
+            raise item
+        return list(item)
+
+    def get_metrics(self) -> dict[str, Any]:
+        return FAKE_METRICS
+
+    def __enter__(self) -> FakeRunner:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stopped = True
+
+
+@pytest.fixture
+def fake_runner(monkeypatch: pytest.MonkeyPatch) -> type[FakeRunner]:
+    module = types.ModuleType("marl_runner.runner")
+    module.EnvRunner = FakeRunner  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "marl_runner.runner", module)
+    FakeRunner.instances = []
+    FakeRunner.script = [[], [fake_batch(10)], [episode()], [fake_batch(10), episode(faulty=True)]]
+    return FakeRunner
+
+
+def test_sample_writes_batches_and_prints_metrics(
+    tmp_path: Path, fake_runner: type[FakeRunner], capsys: pytest.CaptureFixture[str]
+) -> None:
+    out_dir = tmp_path / "out"
+    path = write_config(tmp_path)
+    code = main(
+        ["sample", str(path), "--steps", "25", "--out", str(out_dir), "--set", "num_envs=3"]
+    )
+    assert code == 0
+    runner = fake_runner.instances[0]
+    assert runner.config.num_envs == 3 and runner.stopped
+    batches = list(read_batches(out_dir))
+    assert [b.env_steps() for b in batches] == [10, 10, 10]  # stops at the first batch past 25
+    assert batches[2].policy_batches["archer"]["infos"][1] == {"step": 10}
+    assert sorted(p.name for p in out_dir.iterdir()) == [
+        "batch_000001.npz",
+        "batch_000002.npz",
+        "batch_000003.npz",
+        "config.yaml",
+    ]
+    assert RunnerConfig.from_yaml(out_dir / "config.yaml") == runner.config
+    out = capsys.readouterr().out
+    for text in (
+        "episode_reward_mean",
+        "1.500",
+        "policy_reward_mean[knight]",
+        "0.500",
+        "1,234",
+        "faulty episodes",
+        "perf mean_inference_ms",
+        "wrote 3 batches",
+    ):
+        assert text in out
+
+
+def test_sample_default_target_is_one_fragment_per_sub_env(
+    tmp_path: Path, fake_runner: type[FakeRunner], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["sample", str(write_config(tmp_path)), "--progress-interval", "0"]) == 0
+    assert "20/20 env steps (100%)" in capsys.readouterr().out  # num_envs 2 * fragment 10
+
+
+def test_sample_counts_episodes_without_faulty_ones(
+    tmp_path: Path, fake_runner: type[FakeRunner], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert (
+        main(["sample", str(write_config(tmp_path)), "--episodes", "2", "--progress-interval", "0"])
+        == 0
+    )
+    assert fake_runner.instances[0].calls == 7  # episodes come on calls 3 and 7
+    out = capsys.readouterr().out
+    assert "sampling: 1/2 episodes (50%), 1 episodes," in out
+    assert "sampling: 2/2 episodes (100%), 2 episodes (1 faulty)," in out
+
+
+def test_sample_counts_agent_steps(
+    tmp_path: Path, fake_runner: type[FakeRunner], capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = [
+        "sample",
+        str(write_config(tmp_path)),
+        "--steps",
+        "3",
+        "--count-steps-by",
+        "agent_steps",
+    ]
+    assert main([*args, "--progress-interval", "0"]) == 0
+    assert "4/3 agent steps (100%)" in capsys.readouterr().out  # two batches of 2 rows
+
+
+def test_sample_refuses_out_dir_with_batches(
+    tmp_path: Path, fake_runner: type[FakeRunner], capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_batch(fake_batch(1), tmp_path / "out", 1)
+    assert main(["sample", str(write_config(tmp_path)), "--out", str(tmp_path / "out")]) == 2
+    assert_one_line_error(capsys.readouterr().err, "already holds batch files")
+    assert not fake_runner.instances
+
+
+def test_sample_runtime_error_is_one_line(
+    tmp_path: Path, fake_runner: type[FakeRunner], capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake_runner.script = [[], RuntimeError("sub-env 3 exploded")]
+    assert main(["sample", str(write_config(tmp_path))]) == 1
+    assert_one_line_error(
+        capsys.readouterr().err, "marl-runner sample: error: RuntimeError: sub-env 3 exploded"
+    )
+    assert fake_runner.instances[0].stopped
+
+
+def test_sample_interrupt_prints_partial_metrics(
+    tmp_path: Path, fake_runner: type[FakeRunner], capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake_runner.script = [[fake_batch(10)], KeyboardInterrupt()]
+    assert main(["sample", str(write_config(tmp_path)), "--steps", "100"]) == 130
+    out = capsys.readouterr().out
+    assert "episode_reward_mean" in out and "interrupted" in out
+
+
+def test_sample_bad_config_exits_2(
+    tmp_path: Path, fake_runner: type[FakeRunner], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["sample", str(write_config(tmp_path, batch_mode="episodes"))]) == 2
+    assert_one_line_error(
+        capsys.readouterr().err, "batch_mode: got 'episodes'", "'complete_episodes'"
+    )
+    assert not fake_runner.instances
+
+
+# ----------------------------------------------------------------------------- sample (real runner)
+
+
+def test_sample_tictactoe_with_the_real_runner(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out_dir = tmp_path / "out"
+    args = ["sample", str(EXAMPLES / "tictactoe.yaml"), "--steps", "120", "--out", str(out_dir)]
+    assert main([*args, "--set", "num_envs=2", "--set", "rollout_fragment_length=20"]) == 0
+    batches = list(read_batches(out_dir))
+    assert sum(b.env_steps() for b in batches) >= 120
+    assert all(set(b.policy_batches) <= {"player_1", "player_2"} for b in batches)
+    out = capsys.readouterr().out
+    assert "episode_len_mean" in out and "env steps/s" in out
+
+
+def test_sample_episodes_with_the_real_runner(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["sample", str(EXAMPLES / "connect_four.yaml"), "--episodes", "3", "--set", "num_envs=2"]
+    assert main([*args, "--progress-interval", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "3/3 episodes" in out or "4/3 episodes" in out
+
+
+# ----------------------------------------------------------------------------- bench
+
+
+def test_bench_forwards_all_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
+    received: list[list[str]] = []
+    module = types.ModuleType("benchmarks.cli")
+    module.main = lambda argv: received.append(argv) or 3  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "benchmarks.cli", module)
+    assert main(["bench", "--steps", "10", "kaz", "-h"]) == 3
+    assert received == [["--steps", "10", "kaz", "-h"]]
+
+
+def test_bench_without_benchmarks(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "benchmarks.cli", None)  # makes the import fail
+    assert main(["bench"]) == 2
+    assert_one_line_error(capsys.readouterr().err, "benchmarks.cli:main", "repository root")
+
+
+# ----------------------------------------------------------------------------- display
+
+
+def test_plain_progress_lines_are_throttled() -> None:
+    buffer = io.StringIO()
+    console = Console(file=buffer, force_terminal=False)
+    counts = SampleCounts()
+    with make_progress(100, "env_steps", console, interval_s=3600) as progress:
+        for _ in range(5):
+            counts.env_steps += 20
+            progress.update(counts)
+    lines = buffer.getvalue().splitlines()
+    assert len(lines) == 2  # the first update, then the final state on exit
+    assert lines[0].startswith("sampling: 20/100 env steps (20%)")
+    assert lines[1].startswith("sampling: 100/100 env steps (100%)")
+
+
+def test_live_bar_in_a_terminal() -> None:
+    buffer = io.StringIO()
+    console = Console(file=buffer, force_terminal=True, width=200)
+    counts = SampleCounts(env_steps=50, episodes=3)
+    with make_progress(100, "env_steps", console) as progress:
+        progress.update(counts)
+    text = buffer.getvalue()
+    assert "50/100" in text and "3 episodes" in text and "env steps/s" in text
+
+
+def test_metrics_table_with_no_finished_episode() -> None:
+    buffer = io.StringIO()
+    metrics = dict(
+        FAKE_METRICS, episodes=0, episode_reward_mean=float("nan"), policy_reward_mean={}
+    )
+    Console(file=buffer, width=120).print(metrics_table(metrics))
+    assert "n/a" in buffer.getvalue()
