@@ -47,9 +47,7 @@ class PolicyEntry:
         self.store = PolicyTrajectories(policy_id)
         self.original_observation_space = original_observation_space
         # Splitting a batch into trajectories costs time; skip it when nobody looks.
-        self.wants_postprocess = (
-            type(policy).postprocess_trajectory is not Policy.postprocess_trajectory
-        )
+        self.wants_postprocess = policy.wants_postprocessing()
         policy.agent_connectors = agent_pipeline
         policy.action_connectors = action_pipeline
 
@@ -131,8 +129,12 @@ def _entry_for_ready_policy(
         view_requirements=dict(getattr(policy, "view_requirements", None) or {}),
         config={**(policy.config or {}), "normalize_actions": runner_config.normalize_actions},
     )
-    agent_pipeline = policy.agent_connectors or _agent_pipeline(None, ctx)
-    action_pipeline = policy.action_connectors or _action_pipeline(None, ctx)
+    agent_pipeline = policy.agent_connectors
+    if agent_pipeline is None:
+        agent_pipeline = _agent_pipeline(None, ctx)
+    action_pipeline = policy.action_connectors
+    if action_pipeline is None:
+        action_pipeline = _action_pipeline(None, ctx)
     derived = agent_pipeline.output_observation_space
     if getattr(derived, "shape", None) != getattr(policy.observation_space, "shape", None):
         raise SpaceMismatchError(
@@ -143,12 +145,13 @@ def _entry_for_ready_policy(
 
 
 def _agent_pipeline(spec_list: list | None, ctx: ConnectorContext) -> AgentConnectorPipeline:
-    if spec_list:
+    """The listed chain (``[]``: none at all), or the default one when none is listed."""
+    if spec_list is not None:
         return build_pipeline(spec_list, ctx, kind="agent")
     return AgentConnectorPipeline(ctx, default_agent_connectors(ctx))
 
 
 def _action_pipeline(spec_list: list | None, ctx: ConnectorContext) -> ActionConnectorPipeline:
-    if spec_list:
+    if spec_list is not None:
         return build_pipeline(spec_list, ctx, kind="action")
     return ActionConnectorPipeline(ctx, default_action_connectors(ctx))

@@ -59,6 +59,7 @@ class EnvRunner:
     ) -> None:
         if isinstance(config, dict):
             config = RunnerConfig.from_dict(config)
+        config.check_imports()
         self.config = config
         self._ready_policies = dict(policies or {})
         self._policy_specs: dict[str, Any] = {**config.policies, **self._ready_policies}
@@ -680,7 +681,6 @@ class EnvRunner:
                     keys=input_rows["keys"], env_ids=input_rows["env_ids"],
                     agent_ids=input_rows["agent_ids"], input_rows=input_rows,
                 )
-                entry.agent_pipeline.on_policy_output(action_rows)
                 env_actions = entry.action_pipeline(action_rows).actions
                 _distribute_actions(actions_by_env, input_rows, env_actions)
                 action_columns = {"actions": actions, **extra}
@@ -688,6 +688,9 @@ class EnvRunner:
                     action_columns[f"state_out_{i}"] = state
                 if off_policy:
                     _apply_off_policy_actions(action_columns, input_rows, off_policy)
+                    action_rows = action_rows.replace(actions=action_columns["actions"])
+                # Stateful connectors (previous action, RNN state) see what is stored.
+                entry.agent_pipeline.on_policy_output(action_rows)
                 chunk.update(_scatter(action_columns, needs_action, len(rows)))
             entry.store.add(chunk)
             self._metrics.num_agent_steps += len(rows) - int(rows["is_first"].sum())

@@ -97,6 +97,11 @@ class Policy(abc.ABC):
         """Restores what :meth:`get_state` returned."""
         self.set_weights(state["weights"])
 
+    def wants_postprocessing(self) -> bool:
+        """Whether ``postprocess_trajectory`` does anything; if not, the runner skips
+        splitting batches into trajectories for it."""
+        return type(self).postprocess_trajectory is not Policy.postprocess_trajectory
+
     def postprocess_trajectory(
         self,
         batch: SampleBatch,

@@ -147,6 +147,9 @@ class TorchPolicy(Policy):
         extra = {"action_logp": logp, "action_dist_inputs": dist_inputs, "vf_preds": values}
         return actions.astype(self.action_space.dtype, copy=False), state_outs, extra
 
+    def wants_postprocessing(self) -> bool:
+        return self._gae is not None
+
     def postprocess_trajectory(
         self,
         batch: SampleBatch,
