@@ -63,8 +63,9 @@ class EnvRunner:
         self.config = config
         self._ready_policies = dict(policies or {})
         self._policy_specs: dict[str, Any] = {**config.policies, **self._ready_policies}
+        # A live view: policies added later are valid mapping results too.
         self._mapping_fn = make_policy_mapping_fn(
-            policy_mapping_fn or config.policy_mapping_fn, list(self._policy_specs)
+            policy_mapping_fn or config.policy_mapping_fn, self._policy_specs.keys()
         )
         if callbacks is None and config.callbacks:
             callbacks = import_object(config.callbacks)()
@@ -150,11 +151,22 @@ class EnvRunner:
             )
         return policy_id
 
-    def add_policy(self, policy_id: str, policy_or_spec: Policy | dict) -> Policy:
-        """Adds a policy between samples; its spaces come from the agents mapped to it."""
+    def add_policy(
+        self,
+        policy_id: str,
+        policy_or_spec: Policy | dict,
+        policy_mapping_fn: Callable[..., str] | str | dict | None = None,
+    ) -> Policy | None:
+        """Adds a policy between samples; its spaces come from the agents mapped to it.
+
+        With no agent mapped to it yet (and no spaces in the spec), it is built
+        when its first agent appears; then this returns None.
+        """
         if policy_id in self._policy_specs:
             raise ValueError(f"policy id {policy_id!r} already exists")
         self._policy_specs[policy_id] = policy_or_spec
+        if policy_mapping_fn is not None:
+            self.set_policy_mapping_fn(policy_mapping_fn)
         probe = self._new_episode(env_id=-1, episode_id=-1)
         spaces = infer_policy_spaces(
             self._env.possible_agents, probe.policy_for,
@@ -198,8 +210,12 @@ class EnvRunner:
                 self._orphan_stores.append(entry.store)
 
     def set_policy_mapping_fn(self, fn: Callable[..., str] | str | dict) -> None:
-        """New mapping for episodes that start from now on (running ones keep theirs)."""
-        self._mapping_fn = make_policy_mapping_fn(fn, list(self._policy_specs))
+        """New mapping for agents mapped from now on; agents already mapped in a
+        running episode keep their policy unless re-mapped with ``refresh=True``."""
+        self._mapping_fn = make_policy_mapping_fn(fn, self._policy_specs.keys())
+
+    def _map_agent(self, agent_id: Any, episode: MultiAgentEpisode, **kwargs: Any) -> str:
+        return self._mapping_fn(agent_id, episode, **kwargs)
 
     def get_spaces(self) -> dict[str, tuple[gym.Space, gym.Space]]:
         """``policy_id -> (policy input obs space, action space)``."""
@@ -542,7 +558,7 @@ class EnvRunner:
         if episode_id is None:
             episode_id = self._rng.getrandbits(63)
         return MultiAgentEpisode(
-            episode_id, env_id, self._mapping_fn, self._key_table, self._check_policy_id, runner=self
+            episode_id, env_id, self._map_agent, self._key_table, self._check_policy_id, runner=self
         )
 
     def _create_episode(self, env_id: int) -> MultiAgentEpisode:

@@ -1,0 +1,210 @@
+"""Multi-agent semantics of SPEC.md step 2, each on a purpose-built env."""
+
+from __future__ import annotations
+
+import itertools
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from marl_runner import EnvRunner, NoObservationError, check_batch_invariants
+from marl_runner.checks import trajectory_rows
+from marl_runner.envs import register_env
+from marl_runner.envs.testing import CrashingEnv
+from tests.runner_helpers import EpisodeTracker, assert_rewards_conserved, config
+
+TESTING = "marl_runner.envs.testing:"
+
+
+def _trajectories(batch, tracker: EpisodeTracker) -> dict:
+    """``(eps_id, agent_id) -> rows`` of one policy batch named 'shared'."""
+    shared = batch.policy_batches["shared"]
+    return {
+        (eps, tracker.agents[eps][index]): shared.select(rows)
+        for (eps, index), rows in trajectory_rows(shared).items()
+        if eps in tracker.agents
+    }
+
+
+def _one_episode(env: str, **overrides):
+    tracker = EpisodeTracker()
+    cfg = config(TESTING + env, batch_mode="complete_episodes", num_envs=1, **overrides)
+    with EnvRunner(cfg, callbacks=tracker) as runner:
+        batch = runner.sample(num_episodes=1)
+        metrics = runner.get_metrics()
+        assert_rewards_conserved(batch, runner, tracker)
+    check_batch_invariants(batch)
+    eps_id = tracker.ended[0]
+    trajectories = {a: rows for (e, a), rows in _trajectories(batch, tracker).items() if e == eps_id}
+    return trajectories, metrics
+
+
+def test_dying_agents_end_where_they_die_and_a_silent_agent_gets_a_fake_final_obs() -> None:
+    trajectories, _ = _one_episode("DyingAgentsEnv")
+    assert {a: len(rows) for a, rows in trajectories.items()} == {"a0": 3, "a1": 6, "a2": 9, "a3": 5}
+    for agent in ("a0", "a1", "a2"):
+        assert trajectories[agent]["terminateds"][-1]
+    a3 = trajectories["a3"]
+    assert a3["terminateds"][-1] and not a3["truncateds"][-1]
+    np.testing.assert_array_equal(a3["new_obs"][-1], np.zeros(3))  # fake_obs: zeros
+    # a3 was rewarded in rounds it had no obs: credited on its next obs.
+    np.testing.assert_allclose(a3["rewards"], [0.8] * 4 + [0.4], rtol=1e-6)
+
+
+def test_time_limit_gives_the_fake_final_obs_truncated_not_terminated() -> None:
+    trajectories, _ = _one_episode("TimeLimitEnv")
+    for agent in ("a0", "a1"):
+        rows = trajectories[agent]
+        assert rows["truncateds"][-1] and not rows["terminateds"][-1], agent
+        assert not (rows["terminateds"] | rows["truncateds"])[:-1].any()
+
+
+@pytest.mark.parametrize("mode", ["last", "sample"])
+def test_fake_obs_modes(mode: str) -> None:
+    trajectories, _ = _one_episode("TimeLimitEnv", fake_obs=mode)
+    a1 = trajectories["a1"]
+    fake = a1["new_obs"][-1]
+    if mode == "last":
+        np.testing.assert_array_equal(fake, a1["obs"][-1])
+    else:
+        assert gym.spaces.Box(-1.0, 1.0, (3,), np.float32).contains(fake.astype(np.float32))
+
+
+def test_spawning_agents_join_late_and_an_agent_born_done_is_skipped() -> None:
+    trajectories, _ = _one_episode("SpawningAgentsEnv")
+    assert set(trajectories) == {"a0", "a1", "a3"}
+    # a1 was rewarded (0.5) before its first obs: it goes to its first transition.
+    assert trajectories["a1"]["rewards"][0] == pytest.approx(1.5)
+    assert trajectories["a1"]["terminateds"][-1]
+    assert trajectories["a3"]["truncateds"][-1]
+    assert trajectories["a0"]["truncateds"][-1]
+
+
+def test_turn_based_rewards_without_obs_are_never_lost() -> None:
+    trajectories, metrics = _one_episode("TurnBasedEnv")
+    assert metrics["num_late_rewards"] == 0
+    # p1's one transition: 1.0 given while it waited, 3.0 with its final obs, and
+    # 2.0 after it was done (its final row was not handed out yet).
+    assert trajectories["p1"]["rewards"].tolist() == pytest.approx([6.0])
+    assert trajectories["p2"]["terminateds"][-1]  # ended without an obs: fake final obs
+
+
+def test_a_reward_after_the_final_row_was_handed_out_is_counted_as_late() -> None:
+    tracker = EpisodeTracker()
+    cfg = config(TESTING + "TurnBasedEnv", num_envs=1, rollout_fragment_length=4)
+    with EnvRunner(cfg, callbacks=tracker) as runner:
+        runner.sample(num_env_steps=8)
+        assert runner.get_metrics()["num_late_rewards"] == 1
+
+
+def test_an_episode_without_any_observation_is_an_error() -> None:
+    with EnvRunner(config(TESTING + "NoObsEnv", num_envs=1)) as runner:
+        with pytest.raises(NoObservationError, match="never returned an observation for any agent"):
+            runner.sample(num_env_steps=10)
+
+
+_created = itertools.count()
+
+
+def _crash_first_env(cfg: dict) -> CrashingEnv:
+    """Only the first sub-env created crashes (once, at step 3)."""
+    return CrashingEnv(crash_step=3 if next(_created) == 0 else None, step_crashes=1, episode_len=10)
+
+
+register_env("crash_first_env", _crash_first_env)
+
+
+@pytest.mark.parametrize("restart", [False, True])
+def test_a_crashing_sub_env_loses_only_its_own_episode(restart: bool) -> None:
+    global _created
+    _created = itertools.count()
+    tracker = EpisodeTracker()
+    cfg = config("crash_first_env", num_envs=2, rollout_fragment_length=10,
+                 restart_failed_sub_environments=restart)
+    with EnvRunner(cfg, callbacks=tracker) as runner:
+        batch = runner.sample(num_env_steps=60)
+        metrics = runner.get_metrics()
+    assert metrics["num_faulty_episodes"] == 1
+    check_batch_invariants(batch, rollout_fragment_length=10)
+    shared = batch.policy_batches["shared"]
+    # The faulty episode left no rows; the other env's first episode is complete.
+    assert set(np.unique(shared["eps_id"])) <= set(tracker.started[0][1:] + tracker.started[1])
+    assert tracker.started[1][0] in set(shared["eps_id"].tolist())
+
+
+def test_callbacks_fire_in_episode_order() -> None:
+    tracker = EpisodeTracker()
+    with EnvRunner(config(TESTING + "TimeLimitEnv", num_envs=1), callbacks=tracker) as runner:
+        runner.sample(num_env_steps=12)
+    events = [name for name, _ in tracker.events]
+    assert events[:2] == ["created", "start"]
+    first_end = events.index("end")
+    assert events[2:first_end] == ["step"] * 5
+    assert events[first_end + 1 : first_end + 3] == ["created", "start"]
+
+
+def test_count_by_agent_steps_builds_when_enough_transitions_closed() -> None:
+    cfg = config(TESTING + "CheapEnv", num_envs=2, rollout_fragment_length=40,
+                 count_steps_by="agent_steps", env_config={"num_agents": 4, "episode_len": 30})
+    with EnvRunner(cfg) as runner:
+        batches = [item for _ in range(12) for item in runner.step() if hasattr(item, "policy_batches")]
+    assert batches
+    for batch in batches:
+        # Both envs step in lockstep: 4 agents x 10 rounds each = 40 agent steps per env.
+        assert batch.agent_steps() == 2 * 40 and batch.env_steps() == 2 * 10
+        check_batch_invariants(batch, t_from_zero=False)
+
+
+def test_step_returns_batches_at_fragment_boundaries_and_metrics_at_episode_ends() -> None:
+    cfg = config(TESTING + "CheapEnv", num_envs=2, rollout_fragment_length=5,
+                 env_config={"num_agents": 2, "episode_len": 7})
+    with EnvRunner(cfg) as runner:
+        outputs = [runner.step() for _ in range(8)]
+    kinds = [[type(item).__name__ for item in out] for out in outputs]
+    # Call 0 is the reset round; calls 1..5 are env steps, so the fragment is built in call 5.
+    assert kinds[5] == ["MultiAgentBatch"]
+    assert kinds[7] == ["RolloutMetrics", "RolloutMetrics"]
+    assert all(not k for i, k in enumerate(kinds) if i not in (5, 7))
+
+
+def test_one_forward_pass_per_policy_per_step() -> None:
+    cfg = config(TESTING + "CheapEnv", num_envs=3,
+                 policies={"even": {}, "odd": {}},
+                 policy_mapping_fn="tests.test_runner_semantics:by_parity",
+                 env_config={"num_agents": 4, "episode_len": 10})
+    with EnvRunner(cfg) as runner:
+        calls = []
+        for policy_id, policy in runner.policy_map.items():
+            original = policy.compute_actions_from_input_dict
+
+            def counted(input_dict, *args, _pid=policy_id, _original=original, **kwargs):
+                calls.append((_pid, len(input_dict)))
+                return _original(input_dict, *args, **kwargs)
+
+            policy.compute_actions_from_input_dict = counted
+        for _ in range(25):
+            runner.step()
+    assert len(calls) == 50
+    assert {n for _, n in calls} == {6}  # 2 agents of a parity x 3 sub-envs, every round
+
+
+def by_parity(agent_id: str, episode, **kwargs) -> str:
+    return "even" if int(agent_id.rsplit("_", 1)[1]) % 2 == 0 else "odd"
+
+
+@pytest.mark.parametrize("env", ["BoxActionEnv", "MultiDiscreteEnv", "DictObsEnv", "MaskInfoEnv"])
+def test_action_and_observation_spaces(env: str) -> None:
+    with EnvRunner(config(TESTING + env, rollout_fragment_length=5)) as runner:
+        batch = runner.sample(num_env_steps=20)
+        spaces = runner.get_spaces()
+    check_batch_invariants(batch, rollout_fragment_length=5)
+    shared = batch.policy_batches["shared"]
+    for column in ("action_logp", "action_dist_inputs", "vf_preds"):
+        assert len(shared[column]) == len(shared)
+    obs_space, action_space = spaces["shared"]
+    assert obs_space.shape == shared["obs"].shape[1:]
+    if "action_mask" in shared and env != "BoxActionEnv":
+        flat = shared["actions"]
+        if flat.ndim == 1:
+            assert shared["action_mask"][np.arange(len(flat)), flat].all()
