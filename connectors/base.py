@@ -9,6 +9,8 @@ only needs to override the per-item ``transform`` method.
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -118,9 +120,39 @@ class Connector:
         """Rebuild a connector from the params of ``to_state``."""
         return cls(ctx, **params)
 
+    def can_update_from(self, params: Mapping[str, Any]) -> bool:
+        """Whether ``update_from(params)`` can take ``params`` over in place.
+
+        In place means keeping what the connector holds per live trajectory
+        (RNN states, previous actions, stacked frames) and its train/eval
+        mode; ``ConnectorPipeline.set_state`` rebuilds a connector only when
+        this is False. Default: True when ``params`` (missing ones taken as
+        the constructor's defaults) equal ``self.params()``, i.e. there is
+        nothing to take over. Connectors with learned state (filter
+        statistics) override this and ``update_from``. Never changes ``self``.
+        """
+        try:
+            return _with_defaults(type(self), params) == self.params()
+        except (ConnectorError, TypeError, ValueError):
+            return False
+
+    def update_from(self, params: Mapping[str, Any]) -> None:
+        """Take ``params`` over in place; only called when ``can_update_from(params)``."""
+
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.params().items())
         return f"{type(self).__name__}({args})"
+
+
+def _with_defaults(cls: type[Connector], params: Mapping[str, Any]) -> dict[str, Any]:
+    """``params`` completed with the constructor defaults of ``cls`` (for comparisons)."""
+    full = dict(params)
+    for name, parameter in inspect.signature(cls).parameters.items():
+        if name == "ctx" or name in full or parameter.default is inspect.Parameter.empty:
+            continue
+        if parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY):
+            full[name] = parameter.default
+    return full
 
 
 class AgentConnector(Connector):

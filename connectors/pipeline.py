@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, NamedTuple, TypeVar, overload
 
 import gymnasium as gym
@@ -29,9 +29,24 @@ class ConnectorTiming(NamedTuple):
     def mean_ms(self) -> float:
         return 1000.0 * self.seconds / self.calls if self.calls else 0.0
 
+    def to_dict(self) -> dict[str, float | int]:
+        """``{"mean_ms", "total_ms", "calls"}``: plain, JSON-ready numbers."""
+        return {"mean_ms": self.mean_ms, "total_ms": 1000.0 * self.seconds, "calls": self.calls}
+
 
 def _names(connector: Connector) -> tuple[str, str]:
     return type(connector).__name__, connector.registry_name()
+
+
+def _timer_names(chain: Sequence[Connector]) -> list[str]:
+    """Class names, with ``#2``, ``#3`` ... for repeats, so each connector is timed apart."""
+    seen: dict[str, int] = {}
+    names = []
+    for connector in chain:
+        base = type(connector).__name__
+        seen[base] = seen.get(base, 0) + 1
+        names.append(base if seen[base] == 1 else f"{base}#{seen[base]}")
+    return names
 
 
 class ConnectorPipeline(Generic[C]):
@@ -71,7 +86,7 @@ class ConnectorPipeline(Generic[C]):
                 connector.in_eval()
         self._connectors = chain
         # Timers are shared by name, so one dict lookup per chain edit, none per call.
-        self._slots = [self._timers.setdefault(type(c).__name__, [0.0, 0]) for c in chain]
+        self._slots = [self._timers.setdefault(name, [0.0, 0]) for name in _timer_names(chain)]
 
     def _check(self, chain: list[C]) -> None:
         """Validate a candidate chain (agent pipelines check spaces)."""
@@ -159,14 +174,24 @@ class ConnectorPipeline(Generic[C]):
         """Seconds spent per connector name since the last ``pop_timings``."""
         return {name: slot[0] for name, slot in self._timers.items() if slot[1]}
 
-    def pop_timings(self) -> dict[str, ConnectorTiming]:
-        """Time and call count per connector name since the last call; resets them."""
+    def pop_timing_records(self) -> dict[str, ConnectorTiming]:
+        """Time and call count per connector name since the last pop; resets them."""
         out = {}
         for name, slot in self._timers.items():
             if slot[1]:
                 out[name] = ConnectorTiming(slot[0], int(slot[1]))
                 slot[0], slot[1] = 0.0, 0
         return out
+
+    def pop_timings(self) -> dict[str, dict[str, float | int]]:
+        """``{name: {"mean_ms", "total_ms", "calls"}}`` since the last pop; resets them.
+
+        Plain numbers, so the runner's ``connector_metrics`` is JSON-ready.
+        ``mean_ms`` is per call, i.e. per runner round in which the policy
+        had rows. Names are class names; a class that occurs again in the
+        chain is timed as ``Name#2``, ``Name#3`` ...
+        """
+        return {name: timing.to_dict() for name, timing in self.pop_timing_records().items()}
 
     def reset(self, env_id: int) -> None:
         for connector in self._connectors:
@@ -193,6 +218,48 @@ class ConnectorPipeline(Generic[C]):
         from connectors.registry import build_connectors
 
         return cls(ctx, build_connectors(state, ctx, kind=cls.kind))  # type: ignore[arg-type]
+
+    def set_state(self, state: Sequence[Any]) -> None:
+        """Take ``state`` (from ``to_state``) over in place, keeping what can be kept.
+
+        Where ``state`` names the same connectors in the same order, each
+        connector takes its params over in place (``can_update_from`` /
+        ``update_from``: filter statistics are replaced) and keeps its
+        per-trajectory state (RNN states, previous actions, stacked frames),
+        so syncing a runner between samples does not cut its running
+        episodes; a connector whose other params differ is rebuilt. Any other
+        ``state`` rebuilds the whole chain. Either way the pipeline object,
+        its train/eval mode and its timers stay. If building fails nothing
+        changes.
+        """
+        from connectors.registry import build_connectors, get_connector, parse_spec
+
+        if isinstance(state, (str, Mapping)) or not isinstance(state, Sequence):
+            raise ConnectorError(f"{type(self).__name__} state must be a list, got {state!r}")
+        parsed = [
+            None if isinstance(item, Connector) else parse_spec(item, i, self.kind)
+            for i, item in enumerate(state)
+        ]
+        same_chain = len(parsed) == len(self._connectors) and all(
+            spec is not None and spec[0] in _names(connector)
+            for spec, connector in zip(parsed, self._connectors)
+        )
+        if not same_chain:
+            self._set_chain(build_connectors(state, self.ctx, kind=self.kind))  # type: ignore[arg-type]
+            return
+        keep = [c.can_update_from(params) for c, (_, params) in zip(self._connectors, parsed)]
+        chain = list(self._connectors)
+        for i, ((name, params), kept) in enumerate(zip(parsed, keep)):
+            if not kept:
+                try:
+                    chain[i] = get_connector(name, self.ctx, params)  # type: ignore[assignment]
+                except ConnectorError as err:
+                    raise ConnectorError(f"{self.kind} connector state #{i}: {err}") from None
+        if any(not kept for kept in keep):
+            self._set_chain(chain)  # checks the new chain before anything changes
+        for connector, (_, params), kept in zip(chain, parsed, keep):
+            if kept:
+                connector.update_from(params)
 
 
 class AgentConnectorPipeline(ConnectorPipeline[AgentConnector]):

@@ -93,7 +93,8 @@ def get_connector(
         ) from None
 
 
-def _parse_spec(item: Any, position: int, kind: str) -> tuple[str, dict[str, Any]]:
+def parse_spec(item: Any, position: int, kind: str) -> tuple[str, dict[str, Any]]:
+    """``(name, params)`` of one spec-list item: a name, ``{name: ..., **params}`` or a pair."""
     if isinstance(item, str):
         return item, {}
     if isinstance(item, Mapping) and isinstance(item.get("name"), str):
@@ -125,7 +126,7 @@ def build_connectors(
         if isinstance(item, Connector):
             connector = item
         else:
-            name, params = _parse_spec(item, position, kind)
+            name, params = parse_spec(item, position, kind)
             try:
                 connector = get_connector(name, ctx, params)
             except ConnectorError as err:

@@ -120,6 +120,9 @@ class RunnerConfig:
     policy_mapping_fn: str | dict[str, str] | None = None
     callbacks: str | None = None
     ema_coef: float | None = None  # perf stats as an EMA with this coefficient; None: global mean
+    # Torch intra-op threads for inference: small per-round batches run fastest on one
+    # thread (several only add synchronisation); None leaves torch's setting alone.
+    torch_threads: int | None = 1
 
     def __post_init__(self) -> None:
         self.env = _check_env(self.env)
@@ -157,6 +160,8 @@ class RunnerConfig:
         self.policy_mapping_fn = _check_mapping_spec(self.policy_mapping_fn, self.policies)
         if self.callbacks is not None:
             self.callbacks = _check_import_path(self.callbacks, "callbacks", "a Callbacks subclass")
+        if self.torch_threads is not None:
+            self.torch_threads = _check_int(self.torch_threads, "torch_threads", minimum=1)
         if self.ema_coef is not None:
             self.ema_coef = _check_number(
                 self.ema_coef, "ema_coef", "a number in (0, 1] or null", lambda v: 0 < v <= 1
@@ -240,7 +245,7 @@ class RunnerConfig:
         if self.callbacks is not None:
             paths.append(("callbacks", self.callbacks))
         for pid, spec in self.policies.items():
-            if spec["policy_class"] is not None:
+            if spec["policy_class"] not in (None, *BUILTIN_POLICY_CLASSES):
                 paths.append((f"policies.{pid}.policy_class", spec["policy_class"]))
             if "class" in spec["model"]:
                 paths.append((f"policies.{pid}.model.class", spec["model"]["class"]))
@@ -255,6 +260,8 @@ class RunnerConfig:
                 )
 
 
+# Policy classes named without an import path (see marl_runner.policy.build_policy).
+BUILTIN_POLICY_CLASSES = ("TorchPolicy", "RandomPolicy")
 _FIELD_NAMES = tuple(f.name for f in dataclasses.fields(RunnerConfig))
 _REQUIRED_HINTS = {
     "env": "expected a mapping with 'name' (e.g. 'pettingzoo.classic.tictactoe_v3:env'), "
@@ -318,7 +325,7 @@ def _check_policy(pid: str, spec: Any) -> PolicySpec:
         )
     _reject_unknown_keys(spec, _POLICY_KEYS, prefix=f"{key}.")
     policy_class = spec.get("policy_class")
-    if policy_class is not None:
+    if policy_class is not None and policy_class not in BUILTIN_POLICY_CLASSES:
         policy_class = _check_import_path(policy_class, f"{key}.policy_class", "a Policy subclass")
     return {
         "model": _check_model(spec.get("model"), f"{key}.model"),

@@ -10,9 +10,11 @@ number of agents and sub-envs.
 from __future__ import annotations
 
 import logging
+import os
 import random
 from collections.abc import Callable
 from itertools import repeat
+from pathlib import Path
 from time import perf_counter
 from typing import Any
 
@@ -61,6 +63,10 @@ class EnvRunner:
             config = RunnerConfig.from_dict(config)
         config.check_imports()
         self.config = config
+        if config.torch_threads is not None:
+            import torch
+
+            torch.set_num_threads(config.torch_threads)
         self._ready_policies = dict(policies or {})
         self._policy_specs: dict[str, Any] = {**config.policies, **self._ready_policies}
         # A live view: policies added later are valid mapping results too.
@@ -243,18 +249,35 @@ class EnvRunner:
         }
 
     def set_state(self, state: dict[str, Any]) -> None:
+        """Weights and connector state per policy, as ``get_state`` returns them.
+
+        Connector state is taken over in place: filter statistics are replaced,
+        while running episodes keep their RNN states, previous actions and
+        stacked frames, and each pipeline keeps its train/eval mode.
+        """
+        unknown = sorted(set(state) - set(self._entries))
+        if unknown:
+            raise KeyError(f"set_state: no built policies {unknown}; policies: {sorted(self._entries)}")
         for pid, policy_state in state.items():
             entry = self._entries[pid]
             entry.policy.set_weights(policy_state["weights"])
-            ctx = entry.agent_pipeline.ctx
-            entry.agent_pipeline = type(entry.agent_pipeline).from_state(
-                ctx, policy_state["agent_connectors"]
-            )
-            entry.action_pipeline = type(entry.action_pipeline).from_state(
-                entry.action_pipeline.ctx, policy_state["action_connectors"]
-            )
-            entry.policy.agent_connectors = entry.agent_pipeline
-            entry.policy.action_connectors = entry.action_pipeline
+            entry.agent_pipeline.set_state(policy_state["agent_connectors"])
+            entry.action_pipeline.set_state(policy_state["action_connectors"])
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Config, weights and connector state in one file, written atomically."""
+        from marl_runner.checkpoint import save_checkpoint
+
+        return save_checkpoint(self, path)
+
+    @classmethod
+    def restore(
+        cls, path: str | os.PathLike[str], *, overrides: list[str] | None = None, **runner_kwargs: Any
+    ) -> EnvRunner:
+        """A runner rebuilt from ``save()``'s file; callables and ready-made policies go in ``runner_kwargs``."""
+        from marl_runner.checkpoint import restore_checkpoint
+
+        return restore_checkpoint(path, overrides=overrides, runner_cls=cls, **runner_kwargs)
 
     # ------------------------------------------------------------------ sampling
 

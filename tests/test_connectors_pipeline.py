@@ -168,11 +168,37 @@ def test_timings_are_read_and_reset(ctx):
         pipeline(make_rows([np.zeros(3, np.float32)] * 4))
     assert set(pipeline.timings) == {"ObsPreprocessorConnector", "StateBufferConnector"}
     timings = pipeline.pop_timings()
-    assert isinstance(timings["ObsPreprocessorConnector"], ConnectorTiming)
-    assert timings["ObsPreprocessorConnector"].calls == 3
-    assert timings["StateBufferConnector"].seconds >= 0.0
-    assert timings["StateBufferConnector"].mean_ms >= 0.0
+    assert set(timings) == {"ObsPreprocessorConnector", "StateBufferConnector"}
+    assert timings["ObsPreprocessorConnector"]["calls"] == 3
+    for timing in timings.values():
+        assert set(timing) == {"mean_ms", "total_ms", "calls"}
+        assert timing["total_ms"] >= 0.0 and timing["mean_ms"] >= 0.0
+        assert timing["mean_ms"] == pytest.approx(timing["total_ms"] / timing["calls"])
+    assert json.loads(json.dumps(timings)) == timings  # plain data, for get_metrics()
     assert pipeline.pop_timings() == {} and pipeline.timings == {}
+    pipeline(make_rows([np.zeros(3, np.float32)]))
+    records = pipeline.pop_timing_records()
+    assert isinstance(records["StateBufferConnector"], ConnectorTiming)
+    assert records["StateBufferConnector"].calls == 1
+
+
+def test_repeated_connector_classes_are_timed_apart(ctx):
+    pipeline = AgentConnectorPipeline(
+        ctx,
+        [
+            ClipRewardAgentConnector(ctx, limit=2.0),
+            ObsPreprocessorConnector(ctx),
+            ClipRewardAgentConnector(ctx, limit=1.0),
+        ],
+    )
+    pipeline(make_rows([np.zeros(3, np.float32)]))
+    timings = pipeline.pop_timings()
+    assert set(timings) == {
+        "ClipRewardAgentConnector",
+        "ObsPreprocessorConnector",
+        "ClipRewardAgentConnector#2",
+    }
+    assert all(t["calls"] == 1 for t in timings.values())
 
 
 def test_modes_propagate_to_present_and_added_connectors(ctx):
@@ -271,3 +297,76 @@ def test_view_requirements_changed_after_build_need_refresh_spaces(ctx):
     assert pipeline.output_observation_space.shape == (2, 3)
     rows = pipeline(make_rows([np.ones(3, np.float32)], is_first=[True]))
     np.testing.assert_array_equal(rows["obs"], [[[0, 0, 0], [1, 1, 1]]])
+
+
+def _filter_rows(values, keys=(0, 1)):
+    return make_rows(np.asarray(values, np.float32), keys=list(keys), is_first=[False] * len(keys))
+
+
+def test_set_state_updates_in_place_and_keeps_per_trajectory_state(ctx):
+    ctx.initial_states = [np.zeros(2, np.float32)]
+    source = AgentConnectorPipeline(
+        ctx, [ObsPreprocessorConnector(ctx), MeanStdObservationFilterAgentConnector(ctx)]
+    )
+    source(_filter_rows([[1, 2, 3], [3, 4, 5]]))
+    target = AgentConnectorPipeline(
+        ctx,
+        [
+            ObsPreprocessorConnector(ctx),
+            MeanStdObservationFilterAgentConnector(ctx),
+            StateBufferConnector(ctx),
+        ],
+    )
+    target.in_eval()
+    target(_filter_rows([[0, 0, 0], [0, 0, 0]]))
+    buffer = target[StateBufferConnector]
+    buffer.on_policy_output(
+        ActionRows(
+            actions=np.zeros((2, 2)), state_outs=[np.array([[1, 1], [2, 2]], np.float32)],
+            keys=np.arange(2), env_ids=np.zeros(2, np.int64), agent_ids=["a", "b"],
+        )
+    )
+    connectors_before = list(target)
+    state = [*source.to_state(), ("StateBufferConnector", {})]
+    target.set_state(json.loads(json.dumps(state)))  # also from JSON (pairs become lists)
+    assert list(target) == connectors_before  # same objects: nothing rebuilt
+    assert not target.is_training and not target[1].is_training
+    assert target[1].get_state() == source[1].get_state()
+    rows = target(_filter_rows([[2, 3, 4], [2, 3, 4]]))
+    np.testing.assert_array_equal(rows["state_in_0"], [[1, 1], [2, 2]])  # RNN states kept
+    np.testing.assert_allclose(rows["obs"], 0.0, atol=1e-6)  # normalised with the new stats
+    assert target[1].get_state() == source[1].get_state()  # eval: stats frozen
+
+
+def test_set_state_rebuilds_what_differs(ctx):
+    pipeline = AgentConnectorPipeline(
+        ctx, [ClipRewardAgentConnector(ctx, limit=1.0), ObsPreprocessorConnector(ctx)]
+    )
+    pipeline.in_eval()
+    clip, preprocessor = list(pipeline)
+    pipeline.set_state([("ClipRewardAgentConnector", {"limit": 0.5}), "ObsPreprocessorConnector"])
+    assert pipeline[0] is not clip and pipeline[0].limit == 0.5
+    assert pipeline[1] is preprocessor
+    assert not pipeline[0].is_training  # rebuilt connectors follow the pipeline's mode
+    pipeline.set_state([("StateBufferConnector", {})])  # another chain: rebuilt whole
+    assert names(pipeline) == ["StateBufferConnector"] and not pipeline[0].is_training
+
+
+def test_failed_set_state_changes_nothing(ctx):
+    pipeline = AgentConnectorPipeline(
+        ctx, [ObsPreprocessorConnector(ctx), MeanStdObservationFilterAgentConnector(ctx)]
+    )
+    pipeline(_filter_rows([[1, 2, 3], [3, 4, 5]]))
+    before = pipeline.to_state()
+    with pytest.raises(ConnectorError, match="limit"):
+        pipeline.set_state([("ClipRewardAgentConnector", {"limit": -1.0})])
+    with pytest.raises(ConnectorError):
+        pipeline.set_state(
+            [
+                ("ObsPreprocessorConnector", {"masks_from_infos": False}),
+                ("MeanStdObservationFilterAgentConnector", {"state": {"count": 1}}),
+            ]
+        )
+    with pytest.raises(ConnectorError, match="must be a list"):
+        pipeline.set_state("ObsPreprocessorConnector")
+    assert pipeline.to_state() == before

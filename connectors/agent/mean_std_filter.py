@@ -188,6 +188,30 @@ class MeanStdObservationFilterAgentConnector(AgentConnector):
         self._delta = RunningStats.empty(stats.mean.shape)
         self._refresh_normaliser()
 
+    def can_update_from(self, params: Mapping[str, Any]) -> bool:
+        """True when only the statistics differ (same ``clip`` and ``epsilon``)."""
+        try:
+            clip = params.get("clip", 10.0)
+            same = (None if clip is None else float(clip)) == self.clip and float(
+                params.get("epsilon", 1e-8)
+            ) == self.epsilon
+            state = params.get("state")
+            if state is not None:
+                stats = RunningStats.from_dict(state)
+                if self._stats is not None and stats.mean.shape != self._stats.mean.shape:
+                    return False
+        except (AttributeError, ConnectorError, TypeError, ValueError):
+            return False
+        return same and set(params) <= {"clip", "epsilon", "state"}
+
+    def update_from(self, params: Mapping[str, Any]) -> None:
+        """Takes the statistics over (as ``set_state``); ``state: None`` empties them."""
+        state = params.get("state")
+        if state is not None:
+            self.set_state(state)
+        elif self._stats is not None:
+            self.set_state(RunningStats.empty(self._stats.mean.shape).to_dict())
+
     def pop_delta(self) -> dict[str, Any]:
         """Statistics of what this filter saw since the last ``set_state``/``pop_delta``."""
         if self._delta is None:

@@ -1,0 +1,287 @@
+"""Timed measurements: runner vs bare loop, memory growth, subprocess vs sync.
+
+Every throughput number is agent steps per second over a timed window that
+follows a warm-up, the median over several windows. Runner and bare loop
+windows alternate, so slow drifts of the machine hit both alike.
+"""
+
+from __future__ import annotations
+
+import gc
+import resource
+import statistics
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from time import perf_counter
+from typing import Any
+
+import psutil
+
+from benchmarks.bare_loop import BareLoop
+from benchmarks.workloads import MEMORY_WORKLOAD, Workload, get_workload
+from marl_runner.runner import EnvRunner
+
+Progress = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How long to measure; ``smoke`` shrinks everything to a handful of rounds."""
+
+    duration_s: float = 5.0
+    warmup_s: float = 2.0
+    repeats: int = 3
+    rollout_fragment_length: int = 200
+    min_bare_rounds: int = 1
+    seed: int = 0
+    smoke: bool = False
+
+    @classmethod
+    def for_smoke(cls, seed: int = 0) -> Settings:
+        """One short window each: checks that everything runs, measures nothing useful."""
+        return cls(duration_s=0.0, warmup_s=0.0, repeats=1, rollout_fragment_length=5,
+                   min_bare_rounds=5, seed=seed, smoke=True)
+
+
+def rss_mb() -> float:
+    """Resident set size of this process now."""
+    return psutil.Process().memory_info().rss / 2**20
+
+
+def peak_rss_mb() -> float:
+    """High-water mark of this process's RSS (since it started, all workloads so far)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
+
+
+@dataclass
+class RunnerWindow:
+    """One timed stretch of ``runner.sample()`` calls."""
+
+    agent_steps: int
+    env_steps: int
+    elapsed_s: float
+    calls: int
+    max_rss_mb: float
+    perf: dict[str, float]
+
+    @property
+    def agent_steps_per_s(self) -> float:
+        return self.agent_steps / max(self.elapsed_s, 1e-9)
+
+
+def time_runner(runner: EnvRunner, duration_s: float, min_calls: int = 1) -> RunnerWindow:
+    """``runner.sample()`` (one fragment per sub-env, as in training) until the time is up.
+
+    Each batch is dropped right away, as a trainer would after using it.
+    Steps come from ``get_metrics()`` (``num_agent_steps``: closed
+    transitions), which is reset just before the window. The clock only runs
+    inside ``sample()``; RSS is read between calls, with the batch alive.
+    """
+    runner.get_metrics()
+    elapsed, calls, max_rss = 0.0, 0, 0.0
+    while calls < min_calls or elapsed < duration_s:
+        start = perf_counter()
+        batch = runner.sample()
+        elapsed += perf_counter() - start
+        calls += 1
+        max_rss = max(max_rss, rss_mb())
+        del batch
+    metrics = runner.get_metrics()
+    return RunnerWindow(
+        metrics["num_agent_steps"], metrics["num_env_steps"], elapsed, calls, max_rss,
+        dict(metrics["perf"]),
+    )
+
+
+def _median(values: list[float]) -> float:
+    return float(statistics.median(values)) if values else float("nan")
+
+
+def compare_workload(
+    workload: Workload,
+    settings: Settings,
+    *,
+    vectorize: str = "sync",
+    num_workers: int | None = None,
+    progress: Progress = _quiet,
+) -> dict[str, Any]:
+    """Runner and bare loop on the same config, windows alternating; medians and ratio."""
+    config = workload.config(
+        vectorize=vectorize, num_workers=num_workers, seed=settings.seed,
+        rollout_fragment_length=settings.rollout_fragment_length,
+    )
+    setup_start = perf_counter()
+    runner = EnvRunner(config)
+    bare = BareLoop(config)
+    setup_s = perf_counter() - setup_start
+    runner_windows: list[RunnerWindow] = []
+    bare_rates: list[float] = []
+    bare_windows = []
+    try:
+        progress(f"{workload.name}: warm-up")
+        time_runner(runner, settings.warmup_s)
+        bare.run(duration_s=settings.warmup_s, min_rounds=settings.min_bare_rounds)
+        for repeat in range(settings.repeats):
+            progress(f"{workload.name}: repeat {repeat + 1}/{settings.repeats}")
+            runner_windows.append(time_runner(runner, settings.duration_s))
+            window = bare.run(duration_s=settings.duration_s, min_rounds=settings.min_bare_rounds)
+            bare_windows.append(window)
+            bare_rates.append(window.agent_steps / max(window.elapsed_s, 1e-9))
+    finally:
+        runner.stop()
+        bare.stop()
+    runner_rates = [w.agent_steps_per_s for w in runner_windows]
+    runner_median, bare_median = _median(runner_rates), _median(bare_rates)
+    ratio = runner_median / bare_median if bare_median > 0 else float("nan")
+    last_bare = bare_windows[-1]
+    return {
+        "name": workload.name,
+        "description": workload.description,
+        "num_envs": config.num_envs,
+        "vectorize": config.vectorize,
+        "num_workers": config.num_workers,
+        "policies": list(config.policies),
+        "setup_s": setup_s,
+        "runner": {
+            "agent_steps_per_s": runner_median,
+            "repeats": runner_rates,
+            "agent_steps": sum(w.agent_steps for w in runner_windows),
+            "env_steps": sum(w.env_steps for w in runner_windows),
+            "elapsed_s": sum(w.elapsed_s for w in runner_windows),
+            "sample_calls": sum(w.calls for w in runner_windows),
+            # Global mean over every runner step of this workload (warm-up included).
+            "perf": runner_windows[-1].perf,
+        },
+        "bare": {
+            "agent_steps_per_s": bare_median,
+            "repeats": bare_rates,
+            "agent_steps": sum(w.agent_steps for w in bare_windows),
+            "env_steps": sum(w.env_steps for w in bare_windows),
+            "elapsed_s": sum(w.elapsed_s for w in bare_windows),
+            "rounds": sum(w.rounds for w in bare_windows),
+            "perf": last_bare.perf_ms(),
+        },
+        "ratio": ratio,
+        "target_ratio": workload.target_ratio,
+        "meets_target": None if workload.target_ratio is None else bool(ratio >= workload.target_ratio),
+        "runner_max_rss_mb": max(w.max_rss_mb for w in runner_windows),
+        "peak_rss_mb": peak_rss_mb(),
+    }
+
+
+def memory_growth(
+    settings: Settings,
+    *,
+    start_steps: int = 200_000,
+    end_steps: int = 1_000_000,
+    every_steps: int = 100_000,
+    vectorize: str = "sync",
+    num_workers: int | None = None,
+    progress: Progress = _quiet,
+) -> dict[str, Any]:
+    """RSS after ``start_steps`` and after ``end_steps`` agent steps of the cheap workload.
+
+    RSS is read after ``gc.collect()`` with no batch alive, so what is left is
+    what the runner keeps. The issue's bar: growth below 5%.
+    """
+    workload = get_workload(MEMORY_WORKLOAD)
+    config = workload.config(
+        vectorize=vectorize, num_workers=num_workers, seed=settings.seed,
+        rollout_fragment_length=settings.rollout_fragment_length,
+    )
+    runner = EnvRunner(config)
+    series: list[tuple[int, float]] = []
+    start_rss: float | None = None
+    start_at = 0
+    steps = 0
+    next_mark = every_steps
+    clock = perf_counter()
+    try:
+        while steps < end_steps:
+            batch = runner.sample()
+            steps += batch.agent_steps()
+            del batch
+            runner.get_metrics()  # as a training loop would; the runner keeps episode records until then
+            if start_rss is None and steps >= start_steps:
+                gc.collect()
+                start_rss, start_at = rss_mb(), steps
+                progress(f"memory: {steps} agent steps, RSS {start_rss:.1f} MB")
+            if steps >= next_mark:
+                gc.collect()
+                series.append((steps, rss_mb()))
+                while next_mark <= steps:
+                    next_mark += every_steps
+        gc.collect()
+        end_rss = rss_mb()
+        progress(f"memory: {steps} agent steps, RSS {end_rss:.1f} MB")
+    finally:
+        runner.stop()
+    assert start_rss is not None
+    growth = (end_rss - start_rss) / start_rss * 100.0
+    return {
+        "workload": workload.name,
+        "start_agent_steps": start_at,
+        "end_agent_steps": steps,
+        "start_rss_mb": start_rss,
+        "end_rss_mb": end_rss,
+        "growth_pct": growth,
+        "limit_pct": 5.0,
+        "ok": bool(growth < 5.0),
+        "series": [{"agent_steps": s, "rss_mb": r} for s, r in series],
+        "elapsed_s": perf_counter() - clock,
+    }
+
+
+def subprocess_speedup(
+    workload: Workload,
+    settings: Settings,
+    *,
+    num_workers: int = 2,
+    progress: Progress = _quiet,
+) -> dict[str, Any]:
+    """Runner throughput with ``vectorize: subprocess`` over ``sync``, windows alternating."""
+    configs = {
+        "sync": workload.config(vectorize="sync", seed=settings.seed,
+                                rollout_fragment_length=settings.rollout_fragment_length),
+        "subprocess": workload.config(vectorize="subprocess", num_workers=num_workers,
+                                      seed=settings.seed,
+                                      rollout_fragment_length=settings.rollout_fragment_length),
+    }
+    runners: dict[str, EnvRunner] = {}
+    windows: dict[str, list[RunnerWindow]] = {mode: [] for mode in configs}
+    try:
+        for mode, config in configs.items():
+            runners[mode] = EnvRunner(config)
+        progress(f"{workload.name} sync vs subprocess: warm-up")
+        for runner in runners.values():
+            time_runner(runner, settings.warmup_s)
+        for repeat in range(settings.repeats):
+            progress(f"{workload.name} sync vs subprocess: repeat {repeat + 1}/{settings.repeats}")
+            for mode, runner in runners.items():
+                windows[mode].append(time_runner(runner, settings.duration_s))
+    finally:
+        for runner in runners.values():
+            runner.stop()
+    result: dict[str, Any] = {
+        "name": workload.name,
+        "num_envs": workload.num_envs,
+        "num_workers": configs["subprocess"].num_workers,
+    }
+    for mode, mode_windows in windows.items():
+        rates = [w.agent_steps_per_s for w in mode_windows]
+        result[mode] = {
+            "agent_steps_per_s": _median(rates),
+            "repeats": rates,
+            "perf": mode_windows[-1].perf,
+        }
+    sync_rate = result["sync"]["agent_steps_per_s"]
+    result["speedup"] = (
+        result["subprocess"]["agent_steps_per_s"] / sync_rate if sync_rate > 0 else float("nan")
+    )
+    return result

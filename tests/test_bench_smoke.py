@@ -1,0 +1,96 @@
+"""The benchmark suite runs end to end (``--smoke``) and its JSON has the promised shape.
+
+Speeds are never asserted: CI machines vary too much for that.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+# benchmarks/ is not an installed package: import it from the repo root even
+# when pytest is started as a script (which does not put the cwd on sys.path).
+REPO = str(Path(__file__).resolve().parent.parent)
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+from benchmarks.cli import main  # noqa: E402
+from benchmarks.workloads import DEFAULT_WORKLOADS, SUBPROCESS_WORKLOADS  # noqa: E402
+
+PERF_KEYS = {
+    "mean_raw_obs_processing_ms",
+    "mean_inference_ms",
+    "mean_action_processing_ms",
+    "mean_env_wait_ms",
+}
+
+
+def _run(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
+    assert main(["--smoke", "--json", *args]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def _positive(value: float) -> bool:
+    return isinstance(value, float) and math.isfinite(value) and value > 0
+
+
+def test_smoke_throughput_covers_every_workload(capsys: pytest.CaptureFixture[str]) -> None:
+    report = _run(capsys)
+
+    assert report["meta"]["smoke"] is True
+    assert report["meta"]["torch_threads"] == 1
+    assert [row["name"] for row in report["workloads"]] == list(DEFAULT_WORKLOADS)
+    for row in report["workloads"]:
+        for side in ("runner", "bare"):
+            assert _positive(row[side]["agent_steps_per_s"]), (row["name"], side)
+            assert row[side]["agent_steps"] > 0
+            assert PERF_KEYS <= set(row[side]["perf"])
+        assert _positive(row["ratio"])
+        assert isinstance(row["meets_target"], bool)
+        assert row["runner_max_rss_mb"] > 0 and row["peak_rss_mb"] > 0
+        assert row["vectorize"] == "sync"
+
+
+def test_smoke_memory_subprocess_and_profile(
+    capsys: pytest.CaptureFixture[str], tmp_path
+) -> None:
+    out = tmp_path / "bench.json"
+    report = _run(
+        capsys, "cheap", "connect_four", "--memory", "--subprocess-speedup", "--profile",
+        "--profile-top", "5", "--profile-dir", str(tmp_path / "prof"), "--output", str(out),
+    )
+
+    assert json.loads(out.read_text()) == report
+    assert report["workloads"] == []  # modes given: no throughput unless asked for
+    memory = report["memory"]
+    assert memory["workload"] == "cheap"
+    assert memory["end_agent_steps"] > memory["start_agent_steps"] > 0
+    assert memory["start_rss_mb"] > 0 and isinstance(memory["ok"], bool)
+    assert [row["name"] for row in report["subprocess"]] == list(SUBPROCESS_WORKLOADS)
+    for row in report["subprocess"]:
+        assert row["num_workers"] == 2
+        assert _positive(row["sync"]["agent_steps_per_s"])
+        assert _positive(row["subprocess"]["agent_steps_per_s"])
+        assert _positive(row["speedup"])
+    assert [p["name"] for p in report["profiles"]] == ["cheap", "connect_four"]
+    for profile in report["profiles"]:
+        assert 0 < len(profile["top"]) <= 5
+        assert (tmp_path / "prof" / f"{profile['name']}.prof").exists()
+
+
+def test_smoke_runner_on_subprocess_vector_env(capsys: pytest.CaptureFixture[str]) -> None:
+    report = _run(capsys, "spread", "--vectorize", "subprocess", "--num-workers", "2")
+
+    (row,) = report["workloads"]
+    assert row["vectorize"] == "subprocess" and row["num_workers"] == 2
+    assert _positive(row["runner"]["agent_steps_per_s"])
+    assert _positive(row["bare"]["agent_steps_per_s"])
+
+
+def test_unknown_workload_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--smoke", "nope"]) == 2
+    assert "unknown workload 'nope'" in capsys.readouterr().err

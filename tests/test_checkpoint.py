@@ -1,0 +1,160 @@
+"""Checkpoints: a runner's config, weights and connector state in one file, and back."""
+
+from __future__ import annotations
+
+import os
+import pickle
+
+import numpy as np
+import pytest
+from helpers_runner_connectors import (
+    KAZ_MAPPING,
+    assert_same_policies,
+    config,
+    filter_of,
+    filtered_kaz_config,
+    kaz,
+    one_torch_thread,  # noqa: F401 (a fixture)
+    perturbed_weights,
+)
+
+import marl_runner.checkpoint as checkpoint_module
+from marl_runner import EnvRunner, TorchPolicy
+from marl_runner.checkpoint import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    CheckpointError,
+    load_checkpoint,
+    restore_checkpoint,
+    save_checkpoint,
+)
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def archer_actions(runner: EnvRunner, num_rows: int = 5) -> np.ndarray:
+    """The archer policy's sampled actions for a fixed input (draws from its generator)."""
+    policy = runner.policy_map["archer"]
+    inputs = {"obs": np.random.default_rng(1).normal(size=(num_rows, 135)).astype(np.float32)}
+    for i, state in enumerate(policy.get_initial_state()):
+        inputs[f"state_in_{i}"] = np.stack([state] * num_rows)
+    return policy.compute_actions_from_input_dict(inputs, explore=True)[0]
+
+
+def test_save_and_restore_round_trip(tmp_path):
+    path = tmp_path / "ckpt" / "runner.pkl"
+    with EnvRunner(filtered_kaz_config(seed=11)) as runner:
+        runner.set_weights(perturbed_weights(runner))
+        runner.sample()
+        assert filter_of(runner, "archer").get_state()["count"] > 0
+        assert save_checkpoint(runner, path) == path
+        assert os.listdir(path.parent) == ["runner.pkl"]  # one file, no temp file left
+        payload = load_checkpoint(path)
+        assert (payload["format"], payload["version"]) == (FORMAT_NAME, FORMAT_VERSION)
+        assert payload["config"] == runner.config.to_dict()
+        assert set(payload["policies"]) == {"archer", "knight"}
+        with restore_checkpoint(path) as restored:
+            assert restored.config.to_dict() == runner.config.to_dict()
+            assert_same_policies(runner, restored)
+            # The policies' sampling generators come back too: same input, same actions.
+            np.testing.assert_array_equal(archer_actions(restored), archer_actions(runner))
+            batch = restored.sample()
+            assert len(batch.policy_batches["knight"]) > 0
+            assert (
+                filter_of(restored, "knight").get_state()["count"]
+                > filter_of(runner, "knight").get_state()["count"]
+            )  # restored filters go on learning from where they were
+
+
+class MyRunner(EnvRunner):
+    pass
+
+
+def test_restore_with_config_overrides_and_a_runner_subclass(tmp_path):
+    path = tmp_path / "runner.pkl"
+    with EnvRunner(filtered_kaz_config()) as runner:
+        runner.sample()
+        save_checkpoint(runner, path)
+        overrides = ["num_envs=1", "rollout_fragment_length=4"]
+        with restore_checkpoint(path, overrides=overrides, runner_cls=MyRunner) as small:
+            assert type(small) is MyRunner
+            assert small.config.num_envs == 1 and small.config.rollout_fragment_length == 4
+            assert_same_policies(runner, small)
+            assert small.sample().env_steps() == 4
+
+
+def test_saving_again_replaces_the_checkpoint_atomically(tmp_path, monkeypatch):
+    path = tmp_path / "runner.pkl"
+    with EnvRunner(filtered_kaz_config()) as runner:
+        save_checkpoint(runner, path)
+        first = path.read_bytes()
+        runner.sample()
+        save_checkpoint(runner, path)  # overwriting is fine
+        second = path.read_bytes()
+        assert second != first
+
+        def crash(payload, file, protocol):
+            file.write(b"half a checkpoint")
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(checkpoint_module.pickle, "dump", crash)
+        with pytest.raises(KeyboardInterrupt):
+            save_checkpoint(runner, path)
+    assert path.read_bytes() == second  # the old checkpoint is intact
+    assert os.listdir(tmp_path) == ["runner.pkl"]  # and the temp file is gone
+
+
+def test_ready_made_policies_and_mapping_fn_are_passed_again(tmp_path):
+    path = tmp_path / "runner.pkl"
+
+    def mapping(agent_id, episode, **kwargs):
+        return "archer" if agent_id.startswith("archer") else "knight"
+
+    def ready_archer():
+        obs_space, action_space = spaces["archer"]
+        return TorchPolicy(obs_space, action_space, {"model": {"type": "mlp", "hidden": [8]}})
+
+    cfg = config(kaz(), {"archer": {}, "knight": {"model": {"type": "mlp", "hidden": [8]}}})
+    with EnvRunner(cfg, policy_mapping_fn=mapping) as probe:
+        spaces = probe.get_spaces()
+    with EnvRunner(cfg, policies={"archer": ready_archer()}, policy_mapping_fn=mapping) as runner:
+        runner.set_weights(perturbed_weights(runner))
+        runner.sample()
+        save_checkpoint(runner, path)
+        with pytest.raises(ValueError, match="policy_mapping_fn"):
+            restore_checkpoint(path)  # the callable is not in the config
+        fresh_archer = ready_archer()
+        with restore_checkpoint(
+            path, policies={"archer": fresh_archer}, policy_mapping_fn=mapping
+        ) as restored:
+            assert restored.policy_map["archer"] is fresh_archer
+            assert_same_policies(runner, restored)
+
+
+def test_a_checkpointed_policy_the_runner_lacks_is_an_error(tmp_path):
+    path = tmp_path / "runner.pkl"
+    cfg = config(kaz(), {"archer": {}, "knight": {}}, policy_mapping_fn=KAZ_MAPPING)
+    with EnvRunner(cfg) as runner:
+        save_checkpoint(runner, path)
+    payload = load_checkpoint(path)
+    payload["policies"]["zombie"] = payload["policies"]["knight"]
+    path.write_bytes(pickle.dumps(payload))
+    with pytest.raises(CheckpointError, match=r"no policies \['zombie'\]"):
+        restore_checkpoint(path)
+
+
+def test_files_that_are_not_checkpoints_are_rejected(tmp_path):
+    with pytest.raises(CheckpointError, match="cannot read"):
+        restore_checkpoint(tmp_path / "missing.pkl")
+    garbage = tmp_path / "garbage.pkl"
+    garbage.write_bytes(b"not a pickle")
+    with pytest.raises(CheckpointError, match="not a readable"):
+        load_checkpoint(garbage)
+    other = tmp_path / "other.pkl"
+    other.write_bytes(pickle.dumps({"format": "something-else"}))
+    with pytest.raises(CheckpointError, match="not a marl-runner checkpoint"):
+        load_checkpoint(other)
+    newer = tmp_path / "newer.pkl"
+    newer.write_bytes(pickle.dumps({"format": FORMAT_NAME, "version": FORMAT_VERSION + 1}))
+    with pytest.raises(CheckpointError, match="version"):
+        load_checkpoint(newer)
