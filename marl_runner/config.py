@@ -103,6 +103,9 @@ class RunnerConfig:
     num_envs: int = 1
     vectorize: str = "sync"
     num_workers: int | None = None  # subprocess worker processes; None: min(num_envs, CPUs)
+    # subprocess: poll returns the sub-envs that are ready instead of all of them, so workers
+    # step while inference runs; faster, but which rows share a batch depends on timing.
+    async_poll: bool = False
     rollout_fragment_length: int = 200
     batch_mode: str = "truncate_episodes"
     count_steps_by: str = "env_steps"
@@ -156,6 +159,7 @@ class RunnerConfig:
         self.device = _check_device(self.device)
         self.explore = _check_bool(self.explore, "explore")
         self.normalize_actions = _check_bool(self.normalize_actions, "normalize_actions")
+        self.async_poll = _check_bool(self.async_poll, "async_poll")
         self.policies = _check_policies(self.policies)
         self.policy_mapping_fn = _check_mapping_spec(self.policy_mapping_fn, self.policies)
         if self.callbacks is not None:
