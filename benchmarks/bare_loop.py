@@ -2,7 +2,7 @@
 
 It is the yardstick the runner is compared with, so it does only what any
 sampler must do and nothing else: per round, poll the vector env, group the
-obs of agents that must act by policy, ``np.stack`` them once per policy,
+obs of agents that must act by policy, stack them once per policy (numpy),
 run ONE forward pass per policy, sample actions (honouring action masks),
 split them back into per-env action dicts, send them, and reset sub-envs
 whose episodes ended. No trajectories, no batches, no connectors, no
@@ -62,8 +62,9 @@ class RunResult:
 class _BarePolicy:
     """One policy's model plus how to turn a list of raw obs into its input."""
 
-    def __init__(self, obs_space: gym.Space, action_space: gym.Space, model_config: dict,
-                 seed: int | None) -> None:
+    def __init__(
+        self, obs_space: gym.Space, action_space: gym.Space, model_config: dict, seed: int | None
+    ) -> None:
         if not isinstance(action_space, gym.spaces.Discrete):
             raise ValueError(f"the bare loop only handles Discrete actions, got {action_space}")
         self.masked = isinstance(obs_space, gym.spaces.Dict) and "action_mask" in obs_space.spaces
@@ -76,22 +77,29 @@ class _BarePolicy:
         self.generator = torch.Generator()
         self.generator.manual_seed(0 if seed is None else seed)
 
-    def act(self, obs_list: list) -> list:
-        """Stack once, one forward pass, Gumbel-max sample; Python ints back."""
+    def prepare(self, obs_list: list) -> tuple[np.ndarray, np.ndarray | None]:
+        """Stack once: float32 ``[n, obs_dim]`` (and the ``[n, A]`` mask of Dict obs).
+
+        ``np.asarray(list, float32)`` stacks and casts in one pass; for many
+        small rows it is ~3x faster than ``np.stack`` (which checks every row).
+        """
         n = len(obs_list)
         if self.masked:
-            obs = np.stack([o["observation"] for o in obs_list])
-            mask = torch.from_numpy(np.stack([o["action_mask"] for o in obs_list]).astype(bool))
+            obs = np.asarray([o["observation"] for o in obs_list], dtype=np.float32)
+            mask = np.asarray([o["action_mask"] for o in obs_list], dtype=bool)
         else:
-            obs = np.stack(obs_list)
+            obs = np.asarray(obs_list, dtype=np.float32)
             mask = None
-        obs = obs.reshape(n, self.obs_dim).astype(np.float32, copy=False)
+        return obs.reshape(n, self.obs_dim), mask
+
+    def act(self, obs: np.ndarray, mask: np.ndarray | None) -> list:
+        """One forward pass, Gumbel-max sample over the allowed actions; Python ints back."""
         with torch.inference_mode():
             logits, _ = self.model(torch.from_numpy(obs))
             uniform = torch.rand(logits.shape, generator=self.generator).clamp_(min=1e-20)
             scores = logits - torch.log(-torch.log(uniform))
             if mask is not None:
-                scores = scores.masked_fill(~mask, -torch.inf)
+                scores = scores.masked_fill(~torch.from_numpy(mask), -torch.inf)
             actions = scores.argmax(dim=-1)
         if self.start:
             actions = actions + self.start
@@ -108,12 +116,15 @@ class BareLoop:
         self._policy_of: dict[Any, str] = {}
         self._mapping: Callable[..., str] = mapping
         spaces = infer_policy_spaces(
-            self.env.possible_agents, self._lookup,
-            self.env.get_observation_space, self.env.get_action_space,
+            self.env.possible_agents,
+            self._lookup,
+            self.env.get_observation_space,
+            self.env.get_action_space,
         )
         self.policies: dict[str, _BarePolicy] = {
-            pid: _BarePolicy(obs_space, act_space, config.policies[pid]["model"],
-                             policy_seed(config.seed, pid))
+            pid: _BarePolicy(
+                obs_space, act_space, config.policies[pid]["model"], policy_seed(config.seed, pid)
+            )
             for pid, (obs_space, act_space, _) in spaces.items()
         }
         self._pending: dict[int, dict] = {}
@@ -144,16 +155,14 @@ class BareLoop:
             t1 = perf_counter()
             groups: dict[str, tuple[list, list, list]] = {pid: ([], [], []) for pid in policies}
             actions: dict[int, dict] = {}
-            reset_s = 0.0
             for env_id, env_obs in obs.items():
                 if isinstance(env_obs, BaseException):
                     raise RuntimeError(f"sub-env {env_id} failed in the bare loop") from env_obs
                 env_terminateds = terminateds[env_id]
                 env_truncateds = truncateds[env_id]
                 if env_terminateds["__all__"] or env_truncateds["__all__"]:
-                    r0 = perf_counter()
+                    # Timed as obs processing, as in the runner's perf stats.
                     reset = env.try_reset(env_id)
-                    reset_s += perf_counter() - r0
                     result.episodes += 1
                     if reset is None:  # asynchronous reset: its obs come in a later poll
                         continue
@@ -172,10 +181,11 @@ class BareLoop:
                     group[0].append(agent_obs)
                     group[1].append(env_id)
                     group[2].append(agent_id)
-            t2 = perf_counter()
-            chosen = {
-                pid: policies[pid].act(group[0]) for pid, group in groups.items() if group[0]
+            inputs = {
+                pid: policies[pid].prepare(group[0]) for pid, group in groups.items() if group[0]
             }
+            t2 = perf_counter()
+            chosen = {pid: policies[pid].act(*inputs[pid]) for pid in inputs}
             t3 = perf_counter()
             for pid, group_actions in chosen.items():
                 _, env_ids, agent_ids = groups[pid]
@@ -184,8 +194,8 @@ class BareLoop:
                 result.agent_steps += len(group_actions)
             self._pending = actions
             t4 = perf_counter()
-            phase["env_wait"] += t1 - t0 + reset_s
-            phase["raw_obs_processing"] += t2 - t1 - reset_s
+            phase["env_wait"] += t1 - t0
+            phase["raw_obs_processing"] += t2 - t1
             phase["inference"] += t3 - t2
             phase["action_processing"] += t4 - t3
             result.rounds += 1

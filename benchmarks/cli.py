@@ -46,57 +46,128 @@ def build_parser() -> argparse.ArgumentParser:
         description="Measure the runner against a bare sampling loop on the same workloads.",
     )
     parser.add_argument(
-        "workloads", nargs="*", metavar="WORKLOAD",
+        "workloads",
+        nargs="*",
+        metavar="WORKLOAD",
         help=f"workloads to measure (default: {' '.join(DEFAULT_WORKLOADS)}; "
         f"also: {' '.join(sorted(set(WORKLOADS) - set(DEFAULT_WORKLOADS)))})",
     )
     modes = parser.add_argument_group("modes (default: --throughput)")
-    modes.add_argument("--throughput", action="store_true",
-                       help="runner vs bare loop: agent steps/s, ratio, RSS, per-phase times")
-    modes.add_argument("--memory", action="store_true",
-                       help="RSS growth between --memory-start and --memory-end agent steps")
-    modes.add_argument("--subprocess-speedup", action="store_true",
-                       help=f"runner, vectorize subprocess vs sync ({', '.join(SUBPROCESS_WORKLOADS)})")
-    modes.add_argument("--profile", action="store_true",
-                       help="cProfile the runner on each workload; top functions by own time")
-    modes.add_argument("--all", action="store_true",
-                       help="--throughput --memory --subprocess-speedup")
-    parser.add_argument("--smoke", action="store_true",
-                        help="a handful of rounds per workload: checks the bench works (CI)")
-    parser.add_argument("--duration", type=float, default=5.0, metavar="S",
-                        help="seconds per timed window (default 5)")
-    parser.add_argument("--warmup", type=float, default=2.0, metavar="S",
-                        help="seconds of warm-up per side before timing (default 2)")
-    parser.add_argument("--repeats", type=int, default=3,
-                        help="timed windows per side; the median is reported (default 3)")
-    parser.add_argument("--vectorize", choices=("sync", "subprocess"), default="sync",
-                        help="vector env for runner and bare loop alike (default sync)")
-    parser.add_argument("--num-workers", type=int, default=None, metavar="N",
-                        help="worker processes for vectorize subprocess (default: the env's "
-                        "choice; 2 for --subprocess-speedup)")
+    modes.add_argument(
+        "--throughput",
+        action="store_true",
+        help="runner vs bare loop: agent steps/s, ratio, RSS, per-phase times",
+    )
+    modes.add_argument(
+        "--memory",
+        action="store_true",
+        help="RSS growth between --memory-start and --memory-end agent steps",
+    )
+    modes.add_argument(
+        "--subprocess-speedup",
+        action="store_true",
+        help=f"runner, vectorize subprocess vs sync ({', '.join(SUBPROCESS_WORKLOADS)})",
+    )
+    modes.add_argument(
+        "--profile",
+        action="store_true",
+        help="cProfile the runner on each workload; top functions by own time",
+    )
+    modes.add_argument(
+        "--all", action="store_true", help="--throughput --memory --subprocess-speedup"
+    )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a handful of rounds per workload: checks the bench works (CI)",
+    )
+    parser.add_argument(
+        "--duration",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="seconds per timed window (default 5)",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=float,
+        default=2.0,
+        metavar="S",
+        help="seconds of warm-up per side before timing (default 2)",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="timed windows per side; the median is reported (default 3)",
+    )
+    parser.add_argument(
+        "--vectorize",
+        choices=("sync", "subprocess"),
+        default="sync",
+        help="vector env for runner and bare loop alike (default sync)",
+    )
+    parser.add_argument(
+        "--num-workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="worker processes for vectorize subprocess (default: the env's "
+        "choice; 2 for --subprocess-speedup)",
+    )
     parser.add_argument("--memory-start", type=int, default=200_000, metavar="STEPS")
     parser.add_argument("--memory-end", type=int, default=1_000_000, metavar="STEPS")
-    parser.add_argument("--profile-top", type=int, default=15, metavar="N",
-                        help="functions listed per profile (default 15)")
-    parser.add_argument("--profile-dir", type=Path, default=None, metavar="DIR",
-                        help="also save each full profile as DIR/<workload>.prof")
+    parser.add_argument(
+        "--profile-top",
+        type=int,
+        default=15,
+        metavar="N",
+        help="functions listed per profile (default 15)",
+    )
+    parser.add_argument(
+        "--profile-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="also save each full profile as DIR/<workload>.prof",
+    )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--torch-threads", type=int, default=1, metavar="N",
-                        help="torch.set_num_threads for both sides (default 1)")
-    parser.add_argument("--json", action="store_true",
-                        help="print the results as JSON on stdout (tables go to stderr)")
-    parser.add_argument("--output", type=Path, default=None, metavar="FILE",
-                        help="also write the JSON results to FILE")
+    parser.add_argument(
+        "--torch-threads",
+        type=int,
+        default=1,
+        metavar="N",
+        help="torch.set_num_threads for both sides (default 1)",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print the results as JSON on stdout (tables go to stderr)",
+    )
+    parser.add_argument(
+        "--output",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="also write the JSON results to FILE",
+    )
     return parser
 
 
 def _settings(args: argparse.Namespace) -> Settings:
     if args.smoke:
-        return Settings.for_smoke(seed=args.seed)
-    if args.duration < 0 or args.warmup < 0 or args.repeats < 1:
-        raise SystemExit("marl-runner bench: --duration/--warmup must be >= 0, --repeats >= 1")
-    return Settings(duration_s=args.duration, warmup_s=args.warmup, repeats=args.repeats,
-                    seed=args.seed)
+        return Settings.for_smoke(seed=args.seed, torch_threads=args.torch_threads)
+    if args.duration < 0 or args.warmup < 0 or args.repeats < 1 or args.torch_threads < 1:
+        raise SystemExit(
+            "marl-runner bench: --duration/--warmup must be >= 0, --repeats/--torch-threads >= 1"
+        )
+    return Settings(
+        duration_s=args.duration,
+        warmup_s=args.warmup,
+        repeats=args.repeats,
+        seed=args.seed,
+        torch_threads=args.torch_threads,
+    )
 
 
 def _meta(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
@@ -131,39 +202,61 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"marl-runner bench: error: {exc}", file=sys.stderr)
         return 2
     settings = _settings(args)
+    if not 0 < args.memory_start < args.memory_end:
+        print(
+            "marl-runner bench: error: expected 0 < --memory-start < --memory-end", file=sys.stderr
+        )
+        return 2
     torch.set_num_threads(args.torch_threads)
     console = Console(stderr=args.json)
     if not console.is_terminal:
         console.width = 120  # logs and CI: do not squeeze the tables into 80 columns
     progress = (lambda msg: console.log(msg)) if not args.json else (lambda msg: None)
-    throughput = args.throughput or args.all or not (
-        args.memory or args.subprocess_speedup or args.profile
+    throughput = (
+        args.throughput or args.all or not (args.memory or args.subprocess_speedup or args.profile)
     )
     started = time.perf_counter()
     report: dict[str, Any] = {"meta": _meta(args, settings), "workloads": []}
     if throughput:
         for name in names:
-            report["workloads"].append(compare_workload(
-                get_workload(name), settings, vectorize=args.vectorize,
-                num_workers=args.num_workers, progress=progress,
-            ))
+            report["workloads"].append(
+                compare_workload(
+                    get_workload(name),
+                    settings,
+                    vectorize=args.vectorize,
+                    num_workers=args.num_workers,
+                    progress=progress,
+                )
+            )
     if args.memory or args.all:
         start, end = (5_000, 10_000) if settings.smoke else (args.memory_start, args.memory_end)
         report["memory"] = memory_growth(
-            settings, start_steps=start, end_steps=end, every_steps=max(end // 10, 1),
-            vectorize=args.vectorize, num_workers=args.num_workers, progress=progress,
+            settings,
+            start_steps=start,
+            end_steps=end,
+            every_steps=max(end // 10, 1),
+            vectorize=args.vectorize,
+            num_workers=args.num_workers,
+            progress=progress,
         )
     if args.subprocess_speedup or args.all:
         report["subprocess"] = [
-            subprocess_speedup(get_workload(name), settings, num_workers=args.num_workers or 2,
-                               progress=progress)
+            subprocess_speedup(
+                get_workload(name), settings, num_workers=args.num_workers or 2, progress=progress
+            )
             for name in SUBPROCESS_WORKLOADS
         ]
     if args.profile:
         report["profiles"] = [
-            profile_workload(get_workload(name), settings, top=args.profile_top,
-                             out_dir=args.profile_dir, vectorize=args.vectorize,
-                             num_workers=args.num_workers, progress=progress)
+            profile_workload(
+                get_workload(name),
+                settings,
+                top=args.profile_top,
+                out_dir=args.profile_dir,
+                vectorize=args.vectorize,
+                num_workers=args.num_workers,
+                progress=progress,
+            )
             for name in names
         ]
     report["total_s"] = time.perf_counter() - started

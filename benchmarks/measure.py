@@ -20,6 +20,7 @@ import psutil
 
 from benchmarks.bare_loop import BareLoop
 from benchmarks.workloads import MEMORY_WORKLOAD, Workload, get_workload
+from marl_runner.config import RunnerConfig
 from marl_runner.runner import EnvRunner
 
 Progress = Callable[[str], None]
@@ -39,13 +40,34 @@ class Settings:
     rollout_fragment_length: int = 200
     min_bare_rounds: int = 1
     seed: int = 0
+    torch_threads: int = 1
     smoke: bool = False
 
     @classmethod
-    def for_smoke(cls, seed: int = 0) -> Settings:
+    def for_smoke(cls, seed: int = 0, torch_threads: int = 1) -> Settings:
         """One short window each: checks that everything runs, measures nothing useful."""
-        return cls(duration_s=0.0, warmup_s=0.0, repeats=1, rollout_fragment_length=5,
-                   min_bare_rounds=5, seed=seed, smoke=True)
+        return cls(
+            duration_s=0.0,
+            warmup_s=0.0,
+            repeats=1,
+            rollout_fragment_length=5,
+            min_bare_rounds=5,
+            seed=seed,
+            torch_threads=torch_threads,
+            smoke=True,
+        )
+
+    def config(
+        self, workload: Workload, vectorize: str = "sync", num_workers: int | None = None
+    ) -> RunnerConfig:
+        """The workload's runner config under these settings."""
+        return workload.config(
+            vectorize=vectorize,
+            num_workers=num_workers,
+            seed=self.seed,
+            rollout_fragment_length=self.rollout_fragment_length,
+            torch_threads=self.torch_threads,
+        )
 
 
 def rss_mb() -> float:
@@ -94,13 +116,21 @@ def time_runner(runner: EnvRunner, duration_s: float, min_calls: int = 1) -> Run
         del batch
     metrics = runner.get_metrics()
     return RunnerWindow(
-        metrics["num_agent_steps"], metrics["num_env_steps"], elapsed, calls, max_rss,
+        metrics["num_agent_steps"],
+        metrics["num_env_steps"],
+        elapsed,
+        calls,
+        max_rss,
         dict(metrics["perf"]),
     )
 
 
 def _median(values: list[float]) -> float:
     return float(statistics.median(values)) if values else float("nan")
+
+
+def _ms_per_round(elapsed_s: float, rounds: float) -> float:
+    return elapsed_s * 1000.0 / rounds if rounds > 0 else float("nan")
 
 
 def compare_workload(
@@ -112,10 +142,7 @@ def compare_workload(
     progress: Progress = _quiet,
 ) -> dict[str, Any]:
     """Runner and bare loop on the same config, windows alternating; medians and ratio."""
-    config = workload.config(
-        vectorize=vectorize, num_workers=num_workers, seed=settings.seed,
-        rollout_fragment_length=settings.rollout_fragment_length,
-    )
+    config = settings.config(workload, vectorize, num_workers)
     setup_start = perf_counter()
     runner = EnvRunner(config)
     bare = BareLoop(config)
@@ -155,6 +182,10 @@ def compare_workload(
             "env_steps": sum(w.env_steps for w in runner_windows),
             "elapsed_s": sum(w.elapsed_s for w in runner_windows),
             "sample_calls": sum(w.calls for w in runner_windows),
+            "wall_ms_per_round": _ms_per_round(
+                sum(w.elapsed_s for w in runner_windows),
+                sum(w.env_steps for w in runner_windows) / config.num_envs,
+            ),
             # Global mean over every runner step of this workload (warm-up included).
             "perf": runner_windows[-1].perf,
         },
@@ -165,11 +196,16 @@ def compare_workload(
             "env_steps": sum(w.env_steps for w in bare_windows),
             "elapsed_s": sum(w.elapsed_s for w in bare_windows),
             "rounds": sum(w.rounds for w in bare_windows),
+            "wall_ms_per_round": _ms_per_round(
+                sum(w.elapsed_s for w in bare_windows), sum(w.rounds for w in bare_windows)
+            ),
             "perf": last_bare.perf_ms(),
         },
         "ratio": ratio,
         "target_ratio": workload.target_ratio,
-        "meets_target": None if workload.target_ratio is None else bool(ratio >= workload.target_ratio),
+        "meets_target": None
+        if workload.target_ratio is None
+        else bool(ratio >= workload.target_ratio),
         "runner_max_rss_mb": max(w.max_rss_mb for w in runner_windows),
         "peak_rss_mb": peak_rss_mb(),
     }
@@ -191,10 +227,7 @@ def memory_growth(
     what the runner keeps. The issue's bar: growth below 5%.
     """
     workload = get_workload(MEMORY_WORKLOAD)
-    config = workload.config(
-        vectorize=vectorize, num_workers=num_workers, seed=settings.seed,
-        rollout_fragment_length=settings.rollout_fragment_length,
-    )
+    config = settings.config(workload, vectorize, num_workers)
     runner = EnvRunner(config)
     series: list[tuple[int, float]] = []
     start_rss: float | None = None
@@ -247,11 +280,8 @@ def subprocess_speedup(
 ) -> dict[str, Any]:
     """Runner throughput with ``vectorize: subprocess`` over ``sync``, windows alternating."""
     configs = {
-        "sync": workload.config(vectorize="sync", seed=settings.seed,
-                                rollout_fragment_length=settings.rollout_fragment_length),
-        "subprocess": workload.config(vectorize="subprocess", num_workers=num_workers,
-                                      seed=settings.seed,
-                                      rollout_fragment_length=settings.rollout_fragment_length),
+        "sync": settings.config(workload, "sync"),
+        "subprocess": settings.config(workload, "subprocess", num_workers),
     }
     runners: dict[str, EnvRunner] = {}
     windows: dict[str, list[RunnerWindow]] = {mode: [] for mode in configs}

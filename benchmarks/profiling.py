@@ -22,11 +22,17 @@ _PREFIXES = sorted(
 )
 
 
+def _is_runner_code(filename: str) -> bool:
+    """The runner's own code: what its authors can optimise (not envs, torch or numpy)."""
+    path = filename.replace(os.sep, "/")
+    return ("/marl_runner/" in path and "/marl_runner/envs/" not in path) or "/connectors/" in path
+
+
 def _short(filename: str) -> str:
     """Paths relative to the repo or site-packages, so the table stays readable."""
     for prefix in _PREFIXES:
         if filename.startswith(prefix + os.sep):
-            return filename[len(prefix) + 1:]
+            return filename[len(prefix) + 1 :]
     return filename
 
 
@@ -42,14 +48,12 @@ def profile_workload(
 ) -> dict[str, Any]:
     """Warm up, then profile one timed window of ``runner.sample()`` calls.
 
-    Returns the ``top`` functions by own time (tottime); with ``out_dir``
+    Returns the ``top`` functions by own time (tottime), overall and within
+    the runner's own code (``marl_runner`` outside ``envs``, ``connectors``); with ``out_dir``
     the full profile is saved as ``<workload>.prof`` (``python -m pstats``,
     snakeviz).
     """
-    config = workload.config(
-        vectorize=vectorize, num_workers=num_workers, seed=settings.seed,
-        rollout_fragment_length=settings.rollout_fragment_length,
-    )
+    config = settings.config(workload, vectorize, num_workers)
     runner = EnvRunner(config)
     profiler = cProfile.Profile()
     try:
@@ -68,19 +72,23 @@ def profile_workload(
         out_dir.mkdir(parents=True, exist_ok=True)
         saved = out_dir / f"{workload.name}.prof"
         profiler.dump_stats(saved)
+    runner_rows = [row for row in rows if _is_runner_code(row[0][0])]
     return {
         "name": workload.name,
         "agent_steps_per_s_profiled": window.agent_steps_per_s,
         "total_s": total,
         "profile_file": str(saved) if saved else None,
-        "top": [
-            {
-                "function": f"{_short(filename)}:{line}({func})",
-                "ncalls": int(ncalls),
-                "tottime_s": tottime,
-                "tottime_pct": tottime / total * 100.0,
-                "cumtime_s": cumtime,
-            }
-            for (filename, line, func), (_, ncalls, tottime, cumtime, _) in rows[:top]
-        ],
+        "top": [_row(item, total) for item in rows[:top]],
+        "top_runner_code": [_row(item, total) for item in runner_rows[:top]],
+    }
+
+
+def _row(item: tuple, total: float) -> dict[str, Any]:
+    (filename, line, func), (_, ncalls, tottime, cumtime, _) = item
+    return {
+        "function": f"{_short(filename)}:{line}({func})",
+        "ncalls": int(ncalls),
+        "tottime_s": tottime,
+        "tottime_pct": tottime / total * 100.0,
+        "cumtime_s": cumtime,
     }

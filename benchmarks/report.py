@@ -28,36 +28,55 @@ def _verdict(row: dict[str, Any]) -> str:
 def throughput_table(rows: list[dict[str, Any]]) -> Table:
     table = Table(title="Runner vs bare loop (agent steps/s, median of repeats)")
     for name, justify in (
-        ("workload", "left"), ("envs", "right"), ("vectorize", "left"), ("runner", "right"),
-        ("bare loop", "right"), ("ratio", "right"), ("target", "right"), ("met", "center"),
-        ("runner RSS MB", "right"), ("peak RSS MB", "right"),
+        ("workload", "left"),
+        ("envs", "right"),
+        ("vectorize", "left"),
+        ("runner", "right"),
+        ("bare loop", "right"),
+        ("ratio", "right"),
+        ("target", "right"),
+        ("met", "center"),
+        ("runner RSS MB", "right"),
+        ("peak RSS MB", "right"),
     ):
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
     for row in rows:
         table.add_row(
-            row["name"], str(row["num_envs"]), row["vectorize"],
-            _rate(row["runner"]["agent_steps_per_s"]), _rate(row["bare"]["agent_steps_per_s"]),
+            row["name"],
+            str(row["num_envs"]),
+            row["vectorize"],
+            _rate(row["runner"]["agent_steps_per_s"]),
+            _rate(row["bare"]["agent_steps_per_s"]),
             f"{row['ratio']:.2f}",
             "-" if row["target_ratio"] is None else f">= {row['target_ratio']:.2f}",
-            _verdict(row), f"{row['runner_max_rss_mb']:.0f}", f"{row['peak_rss_mb']:.0f}",
+            _verdict(row),
+            f"{row['runner_max_rss_mb']:.0f}",
+            f"{row['peak_rss_mb']:.0f}",
         )
     return table
 
 
 def perf_table(rows: list[dict[str, Any]]) -> Table:
-    table = Table(title="Where the time goes (ms per round; runner: its perf stats)")
+    table = Table(
+        title="Where the time goes (ms per round; runner: its perf stats; "
+        "wall: timed window / rounds)"
+    )
     table.add_column("workload")
     table.add_column("side")
     for _, label in PERF_COLUMNS:
         table.add_column(label, justify="right")
     table.add_column("sum", justify="right")
+    table.add_column("wall", justify="right")
     for row in rows:
         for side in ("runner", "bare"):
             perf = row[side]["perf"]
             values = [perf.get(key, 0.0) for key, _ in PERF_COLUMNS]
             table.add_row(
-                row["name"], "bare loop" if side == "bare" else side,
-                *(f"{v:.3f}" for v in values), f"{sum(values):.3f}",
+                row["name"],
+                "bare loop" if side == "bare" else side,
+                *(f"{v:.3f}" for v in values),
+                f"{sum(values):.3f}",
+                f"{row[side]['wall_ms_per_round']:.3f}",
             )
     return table
 
@@ -67,37 +86,58 @@ def memory_table(result: dict[str, Any]) -> Table:
     for name in ("from (agent steps)", "RSS MB", "to (agent steps)", "RSS MB ", "growth", "< 5%"):
         table.add_column(name, justify="right")
     table.add_row(
-        f"{result['start_agent_steps']:,}", f"{result['start_rss_mb']:.1f}",
-        f"{result['end_agent_steps']:,}", f"{result['end_rss_mb']:.1f}",
-        f"{result['growth_pct']:+.2f}%", "[green]yes[/]" if result["ok"] else "[red]no[/]",
+        f"{result['start_agent_steps']:,}",
+        f"{result['start_rss_mb']:.1f}",
+        f"{result['end_agent_steps']:,}",
+        f"{result['end_rss_mb']:.1f}",
+        f"{result['growth_pct']:+.2f}%",
+        "[green]yes[/]" if result["ok"] else "[red]no[/]",
     )
     return table
 
 
 def subprocess_table(rows: list[dict[str, Any]]) -> Table:
     table = Table(title="Runner: vectorize subprocess vs sync (agent steps/s)")
-    for name in ("workload", "envs", "workers", "sync", "subprocess", "speedup"):
+    for name in (
+        "workload",
+        "envs",
+        "workers",
+        "sync",
+        "subprocess",
+        "speedup",
+        "env wait ms sync",
+        "env wait ms subproc.",
+    ):
         table.add_column(name, justify="left" if name == "workload" else "right")
     for row in rows:
         table.add_row(
-            row["name"], str(row["num_envs"]), str(row["num_workers"]),
-            _rate(row["sync"]["agent_steps_per_s"]), _rate(row["subprocess"]["agent_steps_per_s"]),
+            row["name"],
+            str(row["num_envs"]),
+            str(row["num_workers"]),
+            _rate(row["sync"]["agent_steps_per_s"]),
+            _rate(row["subprocess"]["agent_steps_per_s"]),
             f"{row['speedup']:.2f}x",
+            f"{row['sync']['perf']['mean_env_wait_ms']:.2f}",
+            f"{row['subprocess']['perf']['mean_env_wait_ms']:.2f}",
         )
     return table
 
 
-def profile_table(result: dict[str, Any]) -> Table:
+def profile_table(result: dict[str, Any], key: str = "top") -> Table:
+    scope = "all code" if key == "top" else "runner code only"
     table = Table(
-        title=f"cProfile of the runner on {result['name']!r}: top by own time "
+        title=f"cProfile of the runner on {result['name']!r}, {scope}: top by own time "
         f"({result['agent_steps_per_s_profiled']:,.0f} agent steps/s while profiled)"
     )
-    for name in ("function", "calls", "tottime s", "%", "cumtime s"):
+    for name in ("function", "calls", "tottime s", "% of all", "cumtime s"):
         table.add_column(name, justify="left" if name == "function" else "right")
-    for row in result["top"]:
+    for row in result[key]:
         table.add_row(
-            row["function"], f"{row['ncalls']:,}", f"{row['tottime_s']:.3f}",
-            f"{row['tottime_pct']:.1f}", f"{row['cumtime_s']:.3f}",
+            row["function"],
+            f"{row['ncalls']:,}",
+            f"{row['tottime_s']:.3f}",
+            f"{row['tottime_pct']:.1f}",
+            f"{row['cumtime_s']:.3f}",
         )
     return table
 
@@ -113,7 +153,8 @@ def print_report(console: Console, report: dict[str, Any]) -> None:
     if report.get("subprocess"):
         console.print(subprocess_table(report["subprocess"]))
     for result in report.get("profiles") or []:
-        console.print(profile_table(result))
+        console.print(profile_table(result, "top"))
+        console.print(profile_table(result, "top_runner_code"))
     meta = report["meta"]
     console.print(
         f"torch threads {meta['torch_threads']}, {meta['cpu_count']} CPUs, "

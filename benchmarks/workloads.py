@@ -26,6 +26,8 @@ class Workload:
     policies: tuple[str, ...]
     policy_mapping_fn: dict[str, str] | None
     target_ratio: float | None
+    #: Caps the rollout fragment length: image obs make 200-step fragments huge.
+    max_fragment_length: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def config(
@@ -35,15 +37,23 @@ class Workload:
         num_workers: int | None = None,
         seed: int = 0,
         rollout_fragment_length: int = 200,
+        torch_threads: int = 1,
     ) -> RunnerConfig:
-        """The runner config; defaults everywhere else (default connector chains, CPU)."""
+        """The runner config; defaults everywhere else (default connector chains, CPU).
+
+        ``torch_threads`` is process-wide (the runner calls ``torch.set_num_threads``),
+        so the bare loop in the same process runs with the same setting.
+        """
         data: dict[str, Any] = {
             "env": copy.deepcopy(self.env),
             "num_envs": self.num_envs,
             "vectorize": vectorize,
-            "rollout_fragment_length": rollout_fragment_length,
+            "rollout_fragment_length": min(
+                rollout_fragment_length, self.max_fragment_length or rollout_fragment_length
+            ),
             "seed": seed,
             "device": "cpu",
+            "torch_threads": torch_threads,
             "policies": {pid: {"model": dict(MLP)} for pid in self.policies},
             "policy_mapping_fn": self.policy_mapping_fn,
             **copy.deepcopy(self.extra),
@@ -60,9 +70,11 @@ WORKLOADS: dict[str, Workload] = {
             name="cheap",
             description="CheapEnv: 8 agents, 16-dim obs, Discrete(5), 100-step episodes, "
             "2 policies by agent parity",
-            env={"name": "marl_runner.envs.testing.cheap_env:CheapEnv",
-                 "config": {"num_agents": 8, "episode_len": 100, "obs_dim": 16, "num_actions": 5},
-                 "api": "multi_agent"},
+            env={
+                "name": "marl_runner.envs.testing.cheap_env:CheapEnv",
+                "config": {"num_agents": 8, "episode_len": 100, "obs_dim": 16, "num_actions": 5},
+                "api": "multi_agent",
+            },
             num_envs=64,
             policies=("even", "odd"),
             policy_mapping_fn={"agent_*[02468]": "even", "agent_*": "odd"},
@@ -71,9 +83,11 @@ WORKLOADS: dict[str, Workload] = {
         Workload(
             name="spread",
             description="mpe2 simple_spread_v3: 3 agents, one shared policy",
-            env={"name": "mpe2.simple_spread_v3:parallel_env",
-                 "config": {"N": 3, "max_cycles": 25, "continuous_actions": False},
-                 "api": "parallel"},
+            env={
+                "name": "mpe2.simple_spread_v3:parallel_env",
+                "config": {"N": 3, "max_cycles": 25, "continuous_actions": False},
+                "api": "parallel",
+            },
             num_envs=16,
             policies=("shared",),
             policy_mapping_fn=None,
@@ -83,9 +97,11 @@ WORKLOADS: dict[str, Workload] = {
             name="kaz",
             description="knights_archers_zombies_v11 (vector obs): agents die; "
             "archer and knight policies",
-            env={"name": "pettingzoo.butterfly.knights_archers_zombies_v11:parallel_env",
-                 "config": {"obs_method": "vector"},
-                 "api": "parallel"},
+            env={
+                "name": "pettingzoo.butterfly.knights_archers_zombies_v11:parallel_env",
+                "config": {"obs_method": "vector"},
+                "api": "parallel",
+            },
             num_envs=8,
             policies=("archer", "knight"),
             policy_mapping_fn={"archer_*": "archer", "knight_*": "knight"},
@@ -104,13 +120,18 @@ WORKLOADS: dict[str, Workload] = {
             name="pistonball",
             description="pistonball_v6 (20 pistons, image obs, discrete): env-bound, "
             "used by the subprocess comparison only",
-            env={"name": "pettingzoo.butterfly.pistonball_v6:parallel_env",
-                 "config": {"continuous": False, "n_pistons": 20, "max_cycles": 125},
-                 "api": "parallel"},
+            env={
+                "name": "pettingzoo.butterfly.pistonball_v6:parallel_env",
+                "config": {"continuous": False, "n_pistons": 20, "max_cycles": 125},
+                "api": "parallel",
+            },
             num_envs=4,
             policies=("piston",),
             policy_mapping_fn=None,
             target_ratio=None,
+            # 4 envs x 20 pistons x 10 steps = 800 rows of 457x120x3 float32 obs: ~0.5 GB per
+            # column (obs, new_obs) per batch. At 200 steps a batch would need ~20 GB.
+            max_fragment_length=10,
         ),
     )
 }
@@ -127,4 +148,6 @@ def get_workload(name: str) -> Workload:
     try:
         return WORKLOADS[name]
     except KeyError:
-        raise ValueError(f"unknown workload {name!r}; expected one of {sorted(WORKLOADS)}") from None
+        raise ValueError(
+            f"unknown workload {name!r}; expected one of {sorted(WORKLOADS)}"
+        ) from None

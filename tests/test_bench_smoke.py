@@ -55,13 +55,21 @@ def test_smoke_throughput_covers_every_workload(capsys: pytest.CaptureFixture[st
         assert row["vectorize"] == "sync"
 
 
-def test_smoke_memory_subprocess_and_profile(
-    capsys: pytest.CaptureFixture[str], tmp_path
-) -> None:
+def test_smoke_memory_subprocess_and_profile(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
     out = tmp_path / "bench.json"
     report = _run(
-        capsys, "cheap", "connect_four", "--memory", "--subprocess-speedup", "--profile",
-        "--profile-top", "5", "--profile-dir", str(tmp_path / "prof"), "--output", str(out),
+        capsys,
+        "cheap",
+        "connect_four",
+        "--memory",
+        "--subprocess-speedup",
+        "--profile",
+        "--profile-top",
+        "5",
+        "--profile-dir",
+        str(tmp_path / "prof"),
+        "--output",
+        str(out),
     )
 
     assert json.loads(out.read_text()) == report
