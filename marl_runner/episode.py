@@ -41,7 +41,7 @@ class EpisodeLayout:
 
     def __init__(self, agent_set: frozenset, groups: list[tuple[Any, tuple, tuple]]) -> None:
         self.agent_set = agent_set
-        # (policy id, agent ids, keys) per policy.
+        # (the policy's RoundRows, agent ids, keys) per policy.
         self.groups = groups
 
 

@@ -17,6 +17,7 @@ from connectors import (
     default_agent_connectors,
 )
 from marl_runner.policy import Policy, build_policy
+from marl_runner.rounds import RoundRows
 from marl_runner.trajectories import PolicyTrajectories
 
 
@@ -29,7 +30,7 @@ class PolicyEntry:
 
     __slots__ = (
         "policy_id", "policy", "agent_pipeline", "action_pipeline", "store",
-        "original_observation_space", "wants_postprocess",
+        "original_observation_space", "wants_postprocess", "round_rows",
     )
 
     def __init__(
@@ -45,6 +46,8 @@ class PolicyEntry:
         self.agent_pipeline = agent_pipeline
         self.action_pipeline = action_pipeline
         self.store = PolicyTrajectories(policy_id)
+        # This round's rows, filled sub-env by sub-env; emptied when turned into columns.
+        self.round_rows = RoundRows()
         self.original_observation_space = original_observation_space
         # Splitting a batch into trajectories costs time; skip it when nobody looks.
         self.wants_postprocess = policy.wants_postprocessing()

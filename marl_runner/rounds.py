@@ -16,11 +16,19 @@ from marl_runner.trajectories import KeyTable
 
 
 class RoundRows:
-    """One policy's rows for one phase of a round, as growing lists."""
+    """One policy's rows of a round, as growing lists.
+
+    The object lives as long as its policy, so that sub-env layouts can point
+    at it directly; ``to_agent_rows`` hands the lists over and starts afresh.
+    A round fills it twice: env data first, then reset obs.
+    """
 
     __slots__ = ("obs", "rewards", "infos", "keys", "terminated_rows", "truncated_rows", "first_rows")
 
     def __init__(self) -> None:
+        self._clear()
+
+    def _clear(self) -> None:
         self.obs: list[Any] = []
         self.rewards: list[float] = []
         self.infos: list[Any] = []
@@ -77,6 +85,7 @@ class RoundRows:
                 "is_first": is_first,
             }
         )
+        self._clear()
         return rows, raw_rewards
 
 

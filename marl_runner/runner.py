@@ -348,7 +348,6 @@ class EnvRunner:
     def _process_observations(self, polled: tuple, outputs: list) -> dict[str, AgentRows]:
         """Turns raw env data into per-policy rows that have been through the agent connectors."""
         obs, rewards, terminateds, truncateds, infos, _ = polled
-        phase = _Phase()
         ended: list[MultiAgentEpisode] = []
         faulty: list[tuple[int, BaseException]] = []
         stepped: list[MultiAgentEpisode] = []
@@ -374,13 +373,13 @@ class EnvRunner:
                 episode.unbuilt_steps += 1
                 stepped.append(episode)
             self._collect_env(
-                phase, episode, env_obs, rewards.get(env_id) or {}, env_terminateds,
+                episode, env_obs, rewards.get(env_id) or {}, env_terminateds,
                 env_truncateds, infos.get(env_id) or {},
             )
             if env_terminateds.get("__all__") or env_truncateds.get("__all__"):
                 ended.append(episode)
 
-        rows_a = self._connect(phase)
+        rows_a = self._connect()
         if stepped:
             self._count_steps(stepped)
         for episode in ended:
@@ -391,17 +390,15 @@ class EnvRunner:
         to_reset = [e.env_id for e in ended] + [env_id for env_id, _ in faulty]
         if not to_reset:
             return rows_a
-        phase_b = _Phase()
         for env_id in to_reset:
             for entry in self._entries.values():
                 entry.agent_pipeline.reset(env_id)
-            self._reset_sub_env(phase_b, env_id, outputs)
-        rows_b = self._connect(phase_b)
+            self._reset_sub_env(env_id, outputs)
+        rows_b = self._connect()
         return _merge_rows(rows_a, rows_b)
 
     def _collect_env(
         self,
-        phase: _Phase,
         episode: MultiAgentEpisode,
         env_obs: dict,
         env_rewards: dict,
@@ -421,20 +418,18 @@ class EnvRunner:
             and True not in env_truncateds.values()
         ):
             zeros, empty = repeat(0.0), repeat(_EMPTY_INFO)
-            for policy_id, agent_ids, keys in layout.groups:
-                rows = phase.rows_for(policy_id)
+            for rows, agent_ids, keys in layout.groups:
                 rows.obs.extend(map(env_obs.__getitem__, agent_ids))
                 rows.rewards.extend(map(env_rewards.get, agent_ids, zeros))
                 rows.infos.extend(map(env_infos.get, agent_ids, empty))
                 rows.keys.extend(keys)
             return
         self._collect_env_per_agent(
-            phase, episode, env_obs, env_rewards, env_terminateds, env_truncateds, env_infos
+            episode, env_obs, env_rewards, env_terminateds, env_truncateds, env_infos
         )
 
     def _collect_env_per_agent(
         self,
-        phase: _Phase,
         episode: MultiAgentEpisode,
         env_obs: dict,
         env_rewards: dict,
@@ -481,7 +476,7 @@ class EnvRunner:
             else:
                 row_reward, is_first = slot.pending_reward + reward, False
                 slot.pending_reward = 0.0
-            rows = phase.rows_for(slot.policy_id)
+            rows = self._entries[slot.policy_id].round_rows
             rows.add(
                 agent_obs, row_reward, env_infos.get(agent_id), slot.key,
                 terminated, truncated, is_first,
@@ -503,7 +498,7 @@ class EnvRunner:
             own_truncated = bool(env_truncateds.get(agent_id, False))
             if episode_over or own_terminated or own_truncated:
                 self._add_fake_final_obs(
-                    phase, episode, slot,
+                    episode, slot,
                     all_terminated or own_terminated, all_truncated or own_truncated,
                 )
 
@@ -512,11 +507,11 @@ class EnvRunner:
         else:
             episode.layout = EpisodeLayout(
                 frozenset(a for _, ids, _ in groups.values() for a in ids),
-                [(pid, tuple(ids), tuple(keys)) for pid, (_, ids, keys) in groups.items()],
+                [(rows, tuple(ids), tuple(keys)) for rows, ids, keys in groups.values()],
             )
 
     def _add_fake_final_obs(
-        self, phase: _Phase, episode: MultiAgentEpisode, slot: AgentSlot,
+        self, episode: MultiAgentEpisode, slot: AgentSlot,
         terminated: bool, truncated: bool,
     ) -> None:
         """Closes the last transition of an agent that got no final obs from the env."""
@@ -529,7 +524,7 @@ class EnvRunner:
             fake = space.sample()
         else:
             fake = _zeros_like_space(space)
-        phase.rows_for(slot.policy_id).add(
+        entry.round_rows.add(
             fake, slot.pending_reward, {}, slot.key, terminated, truncated, False
         )
         slot.pending_reward = 0.0
@@ -554,16 +549,17 @@ class EnvRunner:
         episode.slots[agent_id] = slot
         return slot
 
-    def _connect(self, phase: _Phase) -> dict[str, AgentRows]:
+    def _connect(self) -> dict[str, AgentRows]:
         """Columns per policy, reward sums for metrics, then the agent connectors."""
         connected = {}
         reward_sum = self._key_table.reward_sum
-        for policy_id, round_rows in phase.rows.items():
-            if not len(round_rows):
+        for policy_id, entry in self._entries.items():
+            round_rows = entry.round_rows
+            if not round_rows.keys:
                 continue
             rows, raw_rewards = round_rows.to_agent_rows(self._key_table)
             reward_sum[rows["keys"]] += raw_rewards
-            connected[policy_id] = self._entries[policy_id].agent_pipeline(rows)
+            connected[policy_id] = entry.agent_pipeline(rows)
         return connected
 
     def _count_steps(self, stepped: list[MultiAgentEpisode]) -> None:
@@ -603,10 +599,11 @@ class EnvRunner:
                 f"the env never returned an observation for any agent"
             )
         del self._episodes[episode.env_id]
+        agent_rewards = episode.agent_rewards
         record = RolloutMetrics(
             episode_length=episode.length,
-            episode_reward=episode.total_reward,
-            agent_rewards=episode.agent_rewards,
+            episode_reward=float(sum(agent_rewards.values())),
+            agent_rewards=agent_rewards,
             custom_metrics=dict(episode.custom_metrics),
             perf_stats=self._perf.get(),
             hist_data=dict(episode.hist_data),
@@ -646,7 +643,7 @@ class EnvRunner:
             self._env.try_restart(env_id)
         return record
 
-    def _reset_sub_env(self, phase: _Phase, env_id: int, outputs: list) -> None:
+    def _reset_sub_env(self, env_id: int, outputs: list) -> None:
         """Resets (retrying on failure) and collects the reset obs, unless they arrive later."""
         while True:
             episode = self._create_episode(env_id)
@@ -658,7 +655,7 @@ class EnvRunner:
                 self._reset_failures.pop(env_id, None)
                 reset_obs, reset_infos = result
                 self._mark_started(episode)
-                self._collect_env(phase, episode, reset_obs, {}, {}, {}, reset_infos or {})
+                self._collect_env(episode, reset_obs, {}, {}, {}, reset_infos or {})
                 return
             error = result if isinstance(result, BaseException) else result[0]
             failures = self._reset_failures.get(env_id, 0) + 1
@@ -708,7 +705,7 @@ class EnvRunner:
         actions_by_env: dict[int, dict] = {
             env_id: {} for env_id in polled[0] if env_id not in self._awaiting_reset
         }
-        off_policy = polled[5]
+        off_policy = {env_id: logged for env_id, logged in polled[5].items() if logged}
         for policy_id, rows in rows_by_policy.items():
             entry = self._entries[policy_id]
             chunk = _stored_columns(rows)
@@ -847,21 +844,6 @@ class EnvRunner:
         self.stop()
 
 
-class _Phase:
-    """One phase of a round (env data, or reset obs): RoundRows per policy."""
-
-    __slots__ = ("rows",)
-
-    def __init__(self) -> None:
-        self.rows: dict[str, RoundRows] = {}
-
-    def rows_for(self, policy_id: str) -> RoundRows:
-        rows = self.rows.get(policy_id)
-        if rows is None:
-            rows = self.rows[policy_id] = RoundRows()
-        return rows
-
-
 def _merge_rows(first: dict[str, AgentRows], second: dict[str, AgentRows]) -> dict[str, AgentRows]:
     merged = dict(first)
     for policy_id, rows in second.items():
@@ -914,9 +896,15 @@ def _split_rows(actions: Any, num_rows: int) -> list:
 
 
 def _distribute_actions(actions_by_env: dict[int, dict], rows: AgentRows, actions: Any) -> None:
+    """Per-row actions into each sub-env's dict; rows come in runs per sub-env."""
     per_row = _split_rows(actions, len(rows))
-    for env_id, agent_id, action in zip(rows["env_ids"].tolist(), rows["agent_ids"], per_row):
-        actions_by_env[env_id][agent_id] = action
+    env_ids, agent_ids = rows["env_ids"], rows["agent_ids"]
+    starts = np.flatnonzero(np.diff(env_ids)) + 1
+    bounds = [0, *starts.tolist(), len(env_ids)]
+    for start, stop in zip(bounds[:-1], bounds[1:]):
+        actions_by_env[int(env_ids[start])].update(
+            zip(agent_ids[start:stop], per_row[start:stop])
+        )
 
 
 def _apply_off_policy_actions(columns: dict[str, Any], rows: AgentRows, off_policy: dict) -> None:

@@ -159,21 +159,30 @@ class ObsPreprocessorConnector(AgentConnector):
     column ``[n, A]`` instead, so the policy can honour it; rows without a
     mask get all-ones. Whether the column exists depends only on the spaces,
     so it never comes and goes between rounds: it does when the observation
-    space has an ``action_mask``, or when ``masks_from_infos`` is on and the
+    space has an ``action_mask``, or when masks are taken from infos and the
     action space is Discrete/MultiDiscrete/MultiBinary (A = n, sum(nvec),
-    size). Turn ``masks_from_infos`` off for envs that never put masks in
-    infos, to skip the column and the scan of the infos.
+    size). ``masks_from_infos``: ``"auto"`` (default) decides once, on the
+    first rows seen, by whether any info holds a mask, so envs that never
+    give masks pay nothing; ``True`` / ``False`` force it.
 
     Reads: ``obs``, ``infos``. Writes: ``obs``, ``action_mask``.
     """
 
-    def __init__(self, ctx: ConnectorContext, masks_from_infos: bool = True) -> None:
+    def __init__(self, ctx: ConnectorContext, masks_from_infos: bool | str = "auto") -> None:
         super().__init__(ctx)
+        if masks_from_infos not in (True, False, "auto"):
+            raise ConnectorError(
+                f"ObsPreprocessorConnector: masks_from_infos must be true, false or 'auto', "
+                f"got {masks_from_infos!r}"
+            )
         self.masks_from_infos = masks_from_infos
         self._encoding: _Encoding | None = None
         self._obs_has_mask = False
         self._obs_mask_width = 0
-        self._info_mask_width = _action_mask_width(ctx.action_space) if masks_from_infos else None
+        self._info_mask_width = (
+            _action_mask_width(ctx.action_space) if masks_from_infos is not False else None
+        )
+        self._decided = masks_from_infos != "auto"
 
     def params(self) -> dict[str, Any]:
         return {"masks_from_infos": self.masks_from_infos}
@@ -208,7 +217,10 @@ class ObsPreprocessorConnector(AgentConnector):
             # The encoding reads only the other keys, so the mask needs no stripping.
             rows["action_mask"] = self._masks_from_obs(obs, n)
         elif self._info_mask_width is not None:
-            rows["action_mask"] = self._masks_from_infos(rows.get("infos"), n)
+            if not self._decided and n:
+                self._decide_from(rows.get("infos"))
+            if self._info_mask_width is not None:
+                rows["action_mask"] = self._masks_from_infos(rows.get("infos"), n)
         if n == 0:
             rows["obs"] = np.zeros((0, len(self._encoding.low)), dtype=np.float32)
             return rows
@@ -217,6 +229,12 @@ class ObsPreprocessorConnector(AgentConnector):
         except ConnectorError as err:
             raise ConnectorError(f"ObsPreprocessorConnector: {err}") from None
         return rows
+
+    def _decide_from(self, infos: Sequence[Any] | None) -> None:
+        """``auto``: masks come from infos from now on iff some info holds one now."""
+        self._decided = True
+        if not any(info and ACTION_MASK in info for info in infos or ()):
+            self._info_mask_width = None
 
     def _masks_from_obs(self, obs: Sequence[Any], n: int) -> np.ndarray:
         try:

@@ -7,8 +7,10 @@ import os
 import pickle
 import weakref
 from collections.abc import Callable
-from multiprocessing.connection import Connection
+from dataclasses import dataclass, fields
+from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
+from time import perf_counter
 from typing import Any
 
 import gymnasium as gym
@@ -50,6 +52,9 @@ class _Worker:
         self.conn = conn
         self.obs_reader = SharedObsReader()
         self.alive = True
+        #: The step request (`[(env_id, actions), ...]`) whose reply is still
+        #: in the pipe (asynchronous mode only; at most one at a time).
+        self.in_flight: list[tuple[EnvID, MultiAgentDict]] | None = None
 
     def death_error(self) -> EnvError:
         """Mark the worker dead (reaping the process) and describe its death."""
@@ -68,8 +73,10 @@ class _Worker:
             self.alive = False
             try:
                 send(self.conn, ("close", None))
-                if self.conn.poll(_SHUTDOWN_TIMEOUT_S):
-                    self.conn.recv_bytes()
+                # Replies come in request order: an unread step reply precedes the close's.
+                for _ in range(2 if self.in_flight is not None else 1):
+                    if self.conn.poll(_SHUTDOWN_TIMEOUT_S):
+                        self.conn.recv_bytes()
             except (OSError, EOFError):
                 pass  # already gone: joining below reaps it
             self.conn.close()
@@ -80,6 +87,34 @@ class _Worker:
             self.process.join()
 
 
+@dataclass
+class SubprocessStats:
+    """Where a SubprocessVectorEnv's time went, summed since creation (or the last
+    `reset_stats`). Times in seconds; worker times summed over workers."""
+
+    #: Step requests sent (one per worker per poll in the default mode).
+    step_requests: int = 0
+    #: Sub-env steps whose results came back.
+    env_steps: int = 0
+    #: Resets answered from the reset obs a worker sent with the episode's last step.
+    prefetched_resets: int = 0
+    #: Resets that needed their own round trip (the first reset, after crashes,
+    #: explicit seed/options, restarts).
+    reset_round_trips: int = 0
+    #: Parent blocked waiting for replies (`recv` of step and reset replies, `wait`).
+    parent_wait_s: float = 0.0
+    #: Parent pickling requests and unpickling / copying out replies.
+    parent_ipc_s: float = 0.0
+    #: Workers inside their envs' `step`/`reset` during step requests.
+    worker_env_s: float = 0.0
+    #: Workers handling step requests, from reading one to sending its reply
+    #: (minus `worker_env_s`: unpickling actions, packing obs, bookkeeping).
+    worker_busy_s: float = 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
 def _shut_down_all(workers: list[_Worker]) -> None:
     for worker in workers:
         worker.shut_down()
@@ -88,18 +123,44 @@ def _shut_down_all(workers: list[_Worker]) -> None:
 class SubprocessVectorEnv(BaseEnv):
     """Sub-envs spread over worker processes, several per worker.
 
-    `poll` sends every worker the actions of its sub-envs, then collects the
-    replies, so workers step in parallel; results equal SyncVectorEnv's for
-    the same seed (same seeding rule, same order). Messages are pickled lists
-    of per-sub-env results over one pipe per worker, except obs dicts of
-    equal-shaped arrays: those go through a shared-memory block per worker
-    (see `shared_obs`).
+    Default (synchronous) protocol: `poll` sends every worker the actions of
+    its sub-envs, then collects the replies, so workers step in parallel;
+    results equal SyncVectorEnv's for the same seed (same seeding rule, same
+    order), and so do a runner's batches.
+
+    Asynchronous protocol (`async_poll=True`): `send_actions` forwards each
+    worker its sub-envs' actions at once, and `poll` returns the results of
+    whichever workers are ready (waiting for at least one), so workers step
+    while the caller works on the others' results. Each sub-env still
+    appears in exactly one poll per action dict it was sent, and every
+    sub-env is seeded as under SyncVectorEnv; but which sub-envs share a
+    poll depends on timing, so a runner's batches (the grouping of rows into
+    rounds, episode ids, fragment boundaries) are not reproducible run to
+    run and differ from `sync`'s. Every batch invariant holds.
+
+    Resets: a worker resets a sub-env right after the step that ended its
+    episode (`"__all__"` terminated or truncated), unseeded as SyncVectorEnv
+    would, and sends the reset obs with that step's results; `try_reset`
+    then answers from them without a round trip (its failures reported as
+    for any reset). `try_reset` with a `seed`, `options`, or on a recreated
+    sub-env (whose first reset is seeded) discards that reset and resets
+    again: for an unseeded reset with `options` the env's RNG then differs
+    from SyncVectorEnv's. Rendering after an episode's last step shows the
+    new episode.
+
+    Messages are pickled lists of per-sub-env results over one pipe per
+    worker, except obs dicts of equal-shaped arrays: those go through a
+    shared-memory block per worker (see `shared_obs`), copied out when the
+    reply is read, before the worker's next request.
 
     A sub-env exception becomes that sub-env's Exception entry, with the
     worker's traceback in its `__notes__`. A worker that dies turns each of
     its sub-envs stepped that round into an `EnvError` entry naming worker and
     sub-envs. Resetting a dead worker's sub-env recreates the worker when
     `restart_failed` (or after `try_restart`), else raises `EnvError`.
+
+    `stats` (a `SubprocessStats`) tells where the time goes: waiting, IPC,
+    env steps in the workers.
 
     Args:
         make_one: builds sub-env `index`; pickled to the workers (use
@@ -109,6 +170,7 @@ class SubprocessVectorEnv(BaseEnv):
         restart_failed: recreate crashed sub-envs (and dead workers) before
             their next reset.
         num_workers: processes to use; default `min(num_envs, os.cpu_count())`.
+        async_poll: the asynchronous protocol (see above).
     """
 
     def __init__(
@@ -118,6 +180,7 @@ class SubprocessVectorEnv(BaseEnv):
         seed: int | None = None,
         restart_failed: bool = False,
         num_workers: int | None = None,
+        async_poll: bool = False,
     ) -> None:
         if not isinstance(num_envs, int) or num_envs < 1:
             raise EnvError(f"num_envs {num_envs!r}: expected an int >= 1")
@@ -135,6 +198,8 @@ class SubprocessVectorEnv(BaseEnv):
                 "use a 'module:callable' env name or register a module-level function"
             ) from error
         self.num_envs = num_envs
+        self.async_poll = bool(async_poll)
+        self.stats = SubprocessStats()
         self._make_one = make_one
         self._seeds = ResetSeeds(seed, num_envs)
         self._restart_failed = restart_failed
@@ -159,13 +224,22 @@ class SubprocessVectorEnv(BaseEnv):
             raise
         self._crashed: set[EnvID] = set()
         self._pending_actions: dict[EnvID, MultiAgentDict] = {}
+        #: Reset results (obs already copied out) sent with an episode's last step.
+        self._prefetched: dict[EnvID, Any] = {}
+        #: Asynchronous mode: results read but not yet returned by `poll`.
+        self._ready: PollResult = _empty_poll()
         self._started = False
         self._probe_env: MultiAgentEnv | None = None
 
+    def reset_stats(self) -> SubprocessStats:
+        """The stats so far; starts counting afresh."""
+        stats, self.stats = self.stats, SubprocessStats()
+        return stats
+
     def poll(self) -> PollResult:
-        poll: PollResult = ({}, {}, {}, {}, {}, {})
         if not self._started:
             self._started = True
+            poll = _empty_poll()
             requests = [
                 [(env_id, self._seeds.for_reset(env_id), None) for env_id in worker.env_ids]
                 for worker in self._workers
@@ -174,33 +248,41 @@ class SubprocessVectorEnv(BaseEnv):
             for env_id in range(self.num_envs):
                 put_reset(poll, env_id, *self._reset_outcome(env_id, results[env_id]))
             return poll
+        if self.async_poll:
+            return self._poll_ready()
 
+        poll = _empty_poll()
         actions, self._pending_actions = self._pending_actions, {}
-        requests = [[] for _ in self._workers]
+        if not actions:
+            return poll
+        requests: list[list[Any]] = [[] for _ in self._workers]
         worker_of_env = self._worker_of_env
         for env_id, env_actions in actions.items():
             requests[worker_of_env[env_id]].append((env_id, env_actions))
-        results = self._exchange("step", requests)
-        obs, rewards, terminateds, truncateds, infos, off_policy_actions = poll
-        for env_id in actions:
-            result = results[env_id]
-            if type(result) is tuple:
-                env_obs, rewards[env_id], terminateds[env_id], truncateds[env_id], infos[env_id] = (
-                    result
-                )
-                if type(env_obs) is SharedObs:
-                    env_obs = self._workers[worker_of_env[env_id]].obs_reader.unpack(env_obs)
-                obs[env_id] = env_obs
-                off_policy_actions[env_id] = {}
-            else:
-                put_failure(poll, env_id, self._failure(env_id, result))
+        # Read every reply before entering any: a malformed result raises, and the
+        # other workers must not be left with unread replies.
+        replies = [self._receive(worker) for worker in self._send_steps(requests, poll)]
+        for reply in replies:
+            self._enter(poll, *reply)
         return poll
 
     def send_actions(self, actions: dict[EnvID, MultiAgentDict]) -> None:
         for env_id in actions:
             if not 0 <= env_id < self.num_envs:
                 raise EnvError(f"send_actions: env_id {env_id!r} is not in [0, {self.num_envs})")
-        self._pending_actions.update(actions)
+        if not self.async_poll:
+            self._pending_actions.update(actions)
+            return
+        requests: list[list[Any]] = [[] for _ in self._workers]
+        worker_of_env = self._worker_of_env
+        for env_id, env_actions in actions.items():
+            requests[worker_of_env[env_id]].append((env_id, env_actions))
+        for worker, request in zip(self._workers, requests):
+            if request and worker.in_flight is not None:
+                # Only when a caller sends a worker's sub-envs actions while others of
+                # it are still stepping (a runner never does): one request at a time.
+                self._collect(worker, self._ready)
+        self._send_steps(requests, self._ready)
 
     def try_reset(
         self,
@@ -211,14 +293,21 @@ class SubprocessVectorEnv(BaseEnv):
     ) -> tuple[MultiAgentDict | Exception, MultiAgentDict]:
         if env_id in self._crashed:
             self.try_restart(env_id)
+        seed = self._seeds.for_reset(env_id, seed)
+        prefetched = self._prefetched.pop(env_id, None)
+        if prefetched is not None and seed is None and options is None:
+            self.stats.prefetched_resets += 1
+            return self._reset_outcome(env_id, prefetched)
         worker = self._workers[self._worker_of_env[env_id]]
         if not worker.alive:
             raise EnvError(
                 f"sub-env {env_id} cannot be reset: its worker {worker.index} died; "
                 "enable restart_failed_sub_environments to recreate it"
             )
+        self._settle(worker)
         requests: list[list[Any]] = [[] for _ in self._workers]
-        requests[worker.index] = [(env_id, self._seeds.for_reset(env_id, seed), options)]
+        requests[worker.index] = [(env_id, seed, options)]
+        self.stats.reset_round_trips += 1
         result = self._exchange("reset", requests)[env_id]
         return self._reset_outcome(env_id, result)
 
@@ -296,8 +385,113 @@ class SubprocessVectorEnv(BaseEnv):
                 f"worker {worker.index} could not create its sub-envs {worker.env_ids}: {reply.error}"
             ) from reply.error
 
+    # ---- asynchronous protocol
+
+    def _poll_ready(self) -> PollResult:
+        """The results read so far plus those of every worker ready now; waits
+        for one when there are none (and some worker is stepping)."""
+        poll, self._ready = self._ready, _empty_poll()
+        busy = [worker for worker in self._workers if worker.in_flight is not None]
+        if not busy:
+            return poll
+        start = perf_counter()
+        ready = wait([worker.conn for worker in busy], timeout=0 if poll[0] else None)
+        self.stats.parent_wait_s += perf_counter() - start
+        for worker in busy:
+            if worker.conn in ready:
+                self._collect(worker, poll)
+        return poll
+
+    def _settle(self, worker: _Worker) -> None:
+        """Read the worker's outstanding step reply (into the next poll's results),
+        so that another request can follow."""
+        if worker.in_flight is not None:
+            self._collect(worker, self._ready)
+
+    # ---- steps
+
+    def _send_steps(self, requests: list[list[Any]], poll: PollResult) -> list[_Worker]:
+        """Send each worker its share of a step; a dead worker's sub-envs fail in `poll`."""
+        asked = []
+        stats = self.stats
+        for worker, request in zip(self._workers, requests):
+            if not request:
+                continue
+            if worker.alive:
+                start = perf_counter()
+                try:
+                    send(worker.conn, ("step", request))
+                except OSError:
+                    pass
+                else:
+                    stats.parent_ipc_s += perf_counter() - start
+                    stats.step_requests += 1
+                    worker.in_flight = request
+                    asked.append(worker)
+                    continue
+            error = self._note_death(worker)
+            for env_id, _ in request:
+                put_failure(poll, env_id, self._failure(env_id, Crash(error)))
+        return asked
+
+    def _collect(self, worker: _Worker, poll: PollResult) -> None:
+        """Read the worker's step reply into `poll`."""
+        self._enter(poll, *self._receive(worker))
+
+    def _receive(self, worker: _Worker) -> tuple[list[Any], list[Any]]:
+        """Read the worker's step reply: `(request, results)`, obs copied out of the
+        shared block; the reset results that came with it are kept for `try_reset`."""
+        request, worker.in_flight = worker.in_flight, None
+        assert request is not None
+        stats = self.stats
+        start = perf_counter()
+        try:
+            data = worker.conn.recv_bytes()
+        except (EOFError, OSError):
+            stats.parent_wait_s += perf_counter() - start
+            return request, [Crash(self._note_death(worker))] * len(request)
+        received = perf_counter()
+        stats.parent_wait_s += received - start
+        new_block_name, results, resets, env_s, busy_s = pickle.loads(data)
+        stats.worker_env_s += env_s
+        stats.worker_busy_s += busy_s
+        stats.env_steps += len(results)
+        reader = worker.obs_reader
+        if new_block_name is not None:
+            reader.attach(new_block_name)
+        for result in results:
+            if type(result) is list and type(result[0]) is SharedObs:
+                result[0] = reader.unpack(result[0])
+        for env_id, result in resets.items():
+            if type(result) is tuple and type(result[0]) is SharedObs:
+                result = (reader.unpack(result[0]), result[1])
+            self._prefetched[env_id] = result
+        stats.parent_ipc_s += perf_counter() - received
+        return request, results
+
+    def _enter(self, poll: PollResult, request: list[Any], results: list[Any]) -> None:
+        """Enter a step reply's results into `poll`; a malformed one raises EnvError."""
+        obs, rewards, terminateds, truncateds, infos, off_policy_actions = poll
+        for (env_id, _), result in zip(request, results):
+            if type(result) is list:
+                (
+                    obs[env_id],
+                    rewards[env_id],
+                    terminateds[env_id],
+                    truncateds[env_id],
+                    infos[env_id],
+                ) = result
+                off_policy_actions[env_id] = {}
+            else:
+                put_failure(poll, env_id, self._failure(env_id, result))
+
+    # ---- requests other than steps
+
     def _request(self, worker: _Worker, message: tuple[str, Any]) -> Any:
         """One request/reply with one worker; None (and the worker marked dead) if it died."""
+        self._settle(worker)
+        if not worker.alive:
+            return None
         try:
             send(worker.conn, message)
             return receive(worker.conn)
@@ -306,7 +500,7 @@ class SubprocessVectorEnv(BaseEnv):
             return None
 
     def _exchange(self, command: str, requests: list[list[Any]]) -> dict[EnvID, Any]:
-        """Send each worker its share of a request, then gather every reply.
+        """Send each worker its share of a (reset) request, then gather every reply.
 
         A dead worker's sub-envs get a `Crash` holding an EnvError.
         """
@@ -325,11 +519,14 @@ class SubprocessVectorEnv(BaseEnv):
             self._record_death(worker, request, results)
         for worker in asked:
             request = requests[worker.index]
+            start = perf_counter()
             try:
                 new_block_name, replies = receive(worker.conn)
             except (EOFError, OSError):
                 self._record_death(worker, request, results)
                 continue
+            finally:
+                self.stats.parent_wait_s += perf_counter() - start
             if new_block_name is not None:
                 worker.obs_reader.attach(new_block_name)
             for (env_id, *_), reply in zip(request, replies):
@@ -342,6 +539,7 @@ class SubprocessVectorEnv(BaseEnv):
             results[env_id] = Crash(error)
 
     def _note_death(self, worker: _Worker) -> EnvError:
+        worker.in_flight = None
         error = (
             worker.death_error()
             if worker.alive
@@ -373,3 +571,8 @@ class SubprocessVectorEnv(BaseEnv):
         for env_id in env_ids:
             self._seeds.recreated(env_id)
             self._crashed.discard(env_id)
+            self._prefetched.pop(env_id, None)
+
+
+def _empty_poll() -> PollResult:
+    return ({}, {}, {}, {}, {}, {})

@@ -1,14 +1,23 @@
 """The worker-process side of SubprocessVectorEnv, and the protocol both sides speak.
 
 Requests are pickled `(command, payload)` tuples; every request gets exactly
-one pickled reply, so parent and worker never get out of step. Per sub-env
-results are the env's own result, a `Crash` or a `Malformed`.
+one pickled reply, in request order, so parent and worker never get out of
+step. Per sub-env results are the env's own result (a step's as a list), a
+`Crash` or a `Malformed`.
+
+A step reply is `(new_block_name, results, resets, env_s, busy_s)`: after a
+step that ended its episode (`"__all__"` terminated or truncated) the worker
+resets that sub-env at once, unseeded, and ships the reset result in
+`resets` (env_id -> result), saving the parent a round trip; `env_s` is the
+time spent inside the envs' `step`/`reset`, `busy_s` the time from reading
+the request to sending the reply (pickling it excluded).
 """
 
 from __future__ import annotations
 
 import pickle
 import signal
+import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -76,7 +85,30 @@ def _step_sub_env(
         obs, *rest = check_step_result(result, env_id, env)
     except EnvError as error:
         return Malformed(str(error))
-    return (obs_writer.pack(obs), *rest)
+    return [obs_writer.pack(obs), *rest]  # a list: the parent swaps the obs in place
+
+
+def _step_sub_envs(
+    envs: dict[EnvID, MultiAgentEnv],
+    payload: Sequence[tuple[EnvID, MultiAgentDict]],
+    worker_index: int,
+    obs_writer: SharedObsWriter,
+) -> tuple[list[Any], dict[EnvID, Any], float]:
+    """Steps the listed sub-envs; resets those whose episode ended (unseeded,
+    as the parent would) so their reset obs travel with this reply."""
+    results: list[Any] = []
+    resets: dict[EnvID, Any] = {}
+    clock = time.perf_counter
+    env_s = 0.0
+    for env_id, actions in payload:
+        env = envs[env_id]
+        start = clock()
+        result = _step_sub_env(env, env_id, actions, worker_index, obs_writer)
+        if type(result) is list and (result[2]["__all__"] or result[3]["__all__"]):
+            resets[env_id] = _reset_sub_env(env, env_id, None, None, worker_index, obs_writer)
+        env_s += clock() - start
+        results.append(result)
+    return results, resets, env_s
 
 
 def _reset_sub_env(
@@ -135,19 +167,19 @@ def _serve(
     worker_index: int,
     obs_writer: SharedObsWriter,
 ) -> None:
-    """The worker's request loop; step and reset replies are `(new_block_name, results)`."""
+    """The worker's request loop; step replies are `(new_block_name, results,
+    resets, env_s, busy_s)`, reset replies `(new_block_name, results)`."""
+    clock = time.perf_counter
     while True:
         try:
             command, payload = receive(conn)
         except EOFError:
             return
         if command == "step":
+            start = clock()
             obs_writer.start_reply()
-            results = [
-                _step_sub_env(envs[env_id], env_id, actions, worker_index, obs_writer)
-                for env_id, actions in payload
-            ]
-            reply: Any = (obs_writer.new_block_name(), results)
+            results, resets, env_s = _step_sub_envs(envs, payload, worker_index, obs_writer)
+            reply: Any = (obs_writer.new_block_name(), results, resets, env_s, clock() - start)
         elif command == "reset":
             obs_writer.start_reply()
             results = [

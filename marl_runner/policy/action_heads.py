@@ -39,6 +39,10 @@ def _gumbel_noise(like: torch.Tensor, generator: torch.Generator) -> torch.Tenso
     return -torch.log(-torch.log(uniform.clamp_(min=tiny)))
 
 
+# Below this many rows log_softmax is about 2x faster than logsumexp on CPU; above, slower.
+_LOG_SOFTMAX_MAX_ROWS = 128
+
+
 def _scores(logits: torch.Tensor, explore: bool, generator: torch.Generator) -> torch.Tensor:
     """Logits, plus Gumbel noise when exploring: the argmax of these is the action."""
     return logits + _gumbel_noise(logits, generator) if explore else logits
@@ -106,6 +110,8 @@ class CategoricalHead(ActionHead):
 
     def log_prob(self, dist_inputs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         index = (actions.long() - self.start if self.start else actions.long()).unsqueeze(-1)
+        if len(dist_inputs) < _LOG_SOFTMAX_MAX_ROWS:
+            return torch.log_softmax(dist_inputs, -1).gather(-1, index).squeeze(-1)
         return dist_inputs.gather(-1, index).squeeze(-1) - dist_inputs.logsumexp(dim=-1)
 
 
