@@ -896,15 +896,9 @@ def _split_rows(actions: Any, num_rows: int) -> list:
 
 
 def _distribute_actions(actions_by_env: dict[int, dict], rows: AgentRows, actions: Any) -> None:
-    """Per-row actions into each sub-env's dict; rows come in runs per sub-env."""
     per_row = _split_rows(actions, len(rows))
-    env_ids, agent_ids = rows["env_ids"], rows["agent_ids"]
-    starts = np.flatnonzero(np.diff(env_ids)) + 1
-    bounds = [0, *starts.tolist(), len(env_ids)]
-    for start, stop in zip(bounds[:-1], bounds[1:]):
-        actions_by_env[int(env_ids[start])].update(
-            zip(agent_ids[start:stop], per_row[start:stop])
-        )
+    for env_id, agent_id, action in zip(rows["env_ids"].tolist(), rows["agent_ids"], per_row):
+        actions_by_env[env_id][agent_id] = action
 
 
 def _apply_off_policy_actions(columns: dict[str, Any], rows: AgentRows, off_policy: dict) -> None:
