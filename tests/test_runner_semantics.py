@@ -208,3 +208,13 @@ def test_action_and_observation_spaces(env: str) -> None:
         flat = shared["actions"]
         if flat.ndim == 1:
             assert shared["action_mask"][np.arange(len(flat)), flat].all()
+
+
+def test_sample_by_agent_steps_and_no_mask_column_without_masks() -> None:
+    cfg = config(TESTING + "CheapEnv", num_envs=2, rollout_fragment_length=10,
+                 env_config={"num_agents": 3, "episode_len": 15})
+    with EnvRunner(cfg) as runner:
+        batch = runner.sample(num_agent_steps=100)
+    assert batch.agent_steps() >= 100 and batch.agent_steps() % (2 * 3 * 10) == 0
+    # CheapEnv gives no masks: the preprocessor decided so and adds no all-ones column.
+    assert "action_mask" not in batch.policy_batches["shared"]
