@@ -101,3 +101,10 @@ def concat_rows(first: AgentRows, second: AgentRows) -> AgentRows:
         else:
             columns[name] = list(column) + list(other)
     return AgentRows(columns)
+
+
+def merge_rows(first: dict[str, AgentRows], second: dict[str, AgentRows]) -> dict[str, AgentRows]:
+    merged = dict(first)
+    for policy_id, rows in second.items():
+        merged[policy_id] = rows if policy_id not in merged else concat_rows(merged[policy_id], rows)
+    return merged

@@ -20,26 +20,31 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-import tree
 
 from connectors.data import ActionRows, AgentRows
 from marl_runner.batch import MultiAgentBatch, SampleBatch, concat_samples
 from marl_runner.callbacks import Callbacks, overridden_hooks
+from marl_runner.collectors import postprocess_trajectories
 from marl_runner.config import RunnerConfig
 from marl_runner.envs import BaseEnv, make_vector_env
 from marl_runner.episode import AgentSlot, EpisodeLayout, MultiAgentEpisode
+from marl_runner.fake_obs import fake_final_obs
 from marl_runner.imports import import_object
 from marl_runner.mapping import make_policy_mapping_fn
 from marl_runner.metrics import MetricsCollector, PerfStats, RolloutMetrics
 from marl_runner.policy import Policy
+from marl_runner.policy_outputs import (
+    apply_off_policy_actions,
+    distribute_actions,
+    scatter,
+    stored_columns,
+)
 from marl_runner.policy_setup import PolicyEntry, build_entry, infer_policy_spaces
-from marl_runner.rounds import RoundRows, concat_rows
-from marl_runner.trajectories import KEY_COLUMN, KeyTable
+from marl_runner.rounds import RoundRows, merge_rows
+from marl_runner.trajectories import KeyTable
 
 logger = logging.getLogger(__name__)
 
-# AgentRows columns that describe where a row comes from, not what the policy saw.
-BOOKKEEPING_COLUMNS = frozenset({"env_ids", "agent_ids", "keys", "is_first", "infos"})
 MAX_CONSECUTIVE_RESET_FAILURES = 5
 _EMPTY_INFO: dict = {}
 
@@ -395,7 +400,7 @@ class EnvRunner:
                 entry.agent_pipeline.reset(env_id)
             self._reset_sub_env(env_id, outputs)
         rows_b = self._connect()
-        return _merge_rows(rows_a, rows_b)
+        return merge_rows(rows_a, rows_b)
 
     def _collect_env(
         self,
@@ -517,13 +522,7 @@ class EnvRunner:
         """Closes the last transition of an agent that got no final obs from the env."""
         entry = self._entries[slot.policy_id]
         space = entry.original_observation_space
-        mode = self.config.fake_obs
-        if mode == "last":
-            fake = episode.last_raw_obs[slot.agent_id]
-        elif mode == "sample":
-            fake = space.sample()
-        else:
-            fake = _zeros_like_space(space)
+        fake = fake_final_obs(space, self.config.fake_obs, episode.last_raw_obs.get(slot.agent_id))
         entry.round_rows.add(
             fake, slot.pending_reward, {}, slot.key, terminated, truncated, False
         )
@@ -708,7 +707,7 @@ class EnvRunner:
         off_policy = {env_id: logged for env_id, logged in polled[5].items() if logged}
         for policy_id, rows in rows_by_policy.items():
             entry = self._entries[policy_id]
-            chunk = _stored_columns(rows)
+            chunk = stored_columns(rows)
             evaluated = policy_outputs.get(policy_id)
             if evaluated is not None:
                 needs_action, input_rows, (actions, state_outs, extra) = evaluated
@@ -718,16 +717,16 @@ class EnvRunner:
                     agent_ids=input_rows["agent_ids"], input_rows=input_rows,
                 )
                 env_actions = entry.action_pipeline(action_rows).actions
-                _distribute_actions(actions_by_env, input_rows, env_actions)
+                distribute_actions(actions_by_env, input_rows, env_actions)
                 action_columns = {"actions": actions, **extra}
                 for i, state in enumerate(state_outs):
                     action_columns[f"state_out_{i}"] = state
                 if off_policy:
-                    _apply_off_policy_actions(action_columns, input_rows, off_policy)
+                    apply_off_policy_actions(action_columns, input_rows, off_policy)
                     action_rows = action_rows.replace(actions=action_columns["actions"])
                 # Stateful connectors (previous action, RNN state) see what is stored.
                 entry.agent_pipeline.on_policy_output(action_rows)
-                chunk.update(_scatter(action_columns, needs_action, len(rows)))
+                chunk.update(scatter(action_columns, needs_action, len(rows)))
             entry.store.add(chunk)
             self._metrics.num_agent_steps += len(rows) - int(rows["is_first"].sum())
             if self._count_agent_steps:
@@ -785,41 +784,13 @@ class EnvRunner:
             if batch is not None:
                 built[policy_id] = (batch, segments)
         self._orphan_stores = [s for s in self._orphan_stores if s.chunks]
-        policy_batches = self._postprocess(built)
+        policy_batches = postprocess_trajectories(
+            built, self, self._key_table, "on_postprocess_trajectory" in self._hooks
+        )
         for done_keys in finished:
             if len(done_keys):
                 self._key_table.release(done_keys)
         return MultiAgentBatch(policy_batches, env_steps)
-
-    def _postprocess(self, built: dict[str, tuple[SampleBatch, np.ndarray]]) -> dict[str, SampleBatch]:
-        """Per-trajectory post-processing, only for policies or callbacks that do any."""
-        hook = "on_postprocess_trajectory" in self._hooks
-        result = {}
-        for policy_id, (batch, segments) in built.items():
-            entry = self._entries.get(policy_id)
-            if not (hook or (entry is not None and entry.wants_postprocess)):
-                result[policy_id] = batch
-                continue
-            by_episode = _trajectories_by_episode(built, self._key_table)
-            pieces = []
-            for key, start, stop in segments.tolist():
-                trajectory = batch.rows_slice(start, stop)
-                episode = self._key_table.episode[key]
-                agent_id = self._key_table.agent_id[key]
-                others = {
-                    a: v for a, v in by_episode.get(id(episode), {}).items() if a != agent_id
-                }
-                if entry is not None and entry.wants_postprocess:
-                    trajectory = entry.policy.postprocess_trajectory(trajectory, others, episode)
-                if hook:
-                    self.callbacks.on_postprocess_trajectory(
-                        runner=self, worker=self, episode=episode, agent_id=agent_id,
-                        policy_id=policy_id, policies=self.policy_map,
-                        postprocessed_batch=trajectory, original_batches=others,
-                    )
-                pieces.append(trajectory)
-            result[policy_id] = concat_samples(pieces)
-        return result
 
     # ------------------------------------------------------------------ metrics, life cycle
 
@@ -842,98 +813,3 @@ class EnvRunner:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
-
-
-def _merge_rows(first: dict[str, AgentRows], second: dict[str, AgentRows]) -> dict[str, AgentRows]:
-    merged = dict(first)
-    for policy_id, rows in second.items():
-        merged[policy_id] = rows if policy_id not in merged else concat_rows(merged[policy_id], rows)
-    return merged
-
-
-def _stored_columns(rows: AgentRows) -> dict[str, Any]:
-    chunk: dict[str, Any] = {KEY_COLUMN: rows["keys"]}
-    for name, column in rows.columns.items():
-        if name in BOOKKEEPING_COLUMNS:
-            continue
-        chunk[name] = column if isinstance(column, np.ndarray) else np.asarray(column)
-    infos = np.empty(len(rows), object)
-    infos[:] = rows["infos"]
-    chunk["infos"] = infos
-    return chunk
-
-
-def _scatter(columns: dict[str, Any], needs_action: np.ndarray, num_rows: int) -> dict[str, np.ndarray]:
-    """Action-side columns over all rows of the round (zeros on done rows)."""
-    if len(needs_action) == num_rows and needs_action.all():
-        return {name: _as_column(value, num_rows) for name, value in columns.items()}
-    out = {}
-    for name, value in columns.items():
-        value = _as_column(value, int(needs_action.sum()))
-        full = np.zeros((num_rows,) + value.shape[1:], value.dtype)
-        full[needs_action] = value
-        out[name] = full
-    return out
-
-
-def _as_column(value: Any, num_rows: int) -> np.ndarray:
-    if isinstance(value, np.ndarray):
-        return value
-    if isinstance(value, (list, tuple)) and len(value) == num_rows:
-        return np.asarray(value)
-    # Nested action structures are stored one structure per row.
-    rows = np.empty(num_rows, object)
-    rows[:] = _split_rows(value, num_rows)
-    return rows
-
-
-def _split_rows(actions: Any, num_rows: int) -> list:
-    """Per-row values of an action batch: plain Python ints for Discrete, views otherwise."""
-    if isinstance(actions, np.ndarray):
-        return actions.tolist() if actions.ndim == 1 else list(actions)
-    flat = tree.flatten(actions)
-    return [tree.unflatten_as(actions, [leaf[i] for leaf in flat]) for i in range(num_rows)]
-
-
-def _distribute_actions(actions_by_env: dict[int, dict], rows: AgentRows, actions: Any) -> None:
-    per_row = _split_rows(actions, len(rows))
-    for env_id, agent_id, action in zip(rows["env_ids"].tolist(), rows["agent_ids"], per_row):
-        actions_by_env[env_id][agent_id] = action
-
-
-def _apply_off_policy_actions(columns: dict[str, Any], rows: AgentRows, off_policy: dict) -> None:
-    """The env chose some actions itself: store those, not the policy's."""
-    actions = columns["actions"]
-    if not isinstance(actions, np.ndarray):
-        return
-    actions = columns["actions"] = actions.copy()
-    for i, (env_id, agent_id) in enumerate(zip(rows["env_ids"].tolist(), rows["agent_ids"])):
-        env_actions = off_policy.get(env_id)
-        if env_actions and agent_id in env_actions:
-            actions[i] = env_actions[agent_id]
-
-
-def _trajectories_by_episode(
-    built: dict[str, tuple[SampleBatch, np.ndarray]], key_table: KeyTable
-) -> dict[int, dict[Any, tuple]]:
-    """``id(episode) -> agent_id -> (policy_id, policy batch slice)`` for other_agent_batches."""
-    by_episode: dict[int, dict[Any, tuple]] = {}
-    for policy_id, (batch, segments) in built.items():
-        for key, start, stop in segments.tolist():
-            episode = key_table.episode[key]
-            agent_id = key_table.agent_id[key]
-            by_episode.setdefault(id(episode), {})[agent_id] = (policy_id, batch.rows_slice(start, stop))
-    return by_episode
-
-
-def _zeros_like_space(space: gym.Space) -> Any:
-    """An all-zero value of ``space`` (the default fake final obs)."""
-    if isinstance(space, gym.spaces.Dict):
-        return {k: _zeros_like_space(s) for k, s in space.spaces.items()}
-    if isinstance(space, gym.spaces.Tuple):
-        return tuple(_zeros_like_space(s) for s in space.spaces)
-    if isinstance(space, gym.spaces.Discrete):
-        return int(space.start)
-    if isinstance(space, gym.spaces.MultiDiscrete):
-        return np.zeros(space.shape, space.dtype)
-    return np.zeros(space.shape, space.dtype)

@@ -1,0 +1,76 @@
+"""From a policy's output to env-bound actions per sub-env and the columns stored for training."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import tree
+
+from connectors.data import AgentRows
+from marl_runner.trajectories import KEY_COLUMN
+
+# AgentRows columns that describe where a row comes from, not what the policy saw.
+BOOKKEEPING_COLUMNS = frozenset({"env_ids", "agent_ids", "keys", "is_first", "infos"})
+
+
+def stored_columns(rows: AgentRows) -> dict[str, Any]:
+    chunk: dict[str, Any] = {KEY_COLUMN: rows["keys"]}
+    for name, column in rows.columns.items():
+        if name in BOOKKEEPING_COLUMNS:
+            continue
+        chunk[name] = column if isinstance(column, np.ndarray) else np.asarray(column)
+    infos = np.empty(len(rows), object)
+    infos[:] = rows["infos"]
+    chunk["infos"] = infos
+    return chunk
+
+
+def scatter(columns: dict[str, Any], needs_action: np.ndarray, num_rows: int) -> dict[str, np.ndarray]:
+    """Action-side columns over all rows of the round (zeros on done rows)."""
+    if len(needs_action) == num_rows and needs_action.all():
+        return {name: _as_column(value, num_rows) for name, value in columns.items()}
+    out = {}
+    for name, value in columns.items():
+        value = _as_column(value, int(needs_action.sum()))
+        full = np.zeros((num_rows,) + value.shape[1:], value.dtype)
+        full[needs_action] = value
+        out[name] = full
+    return out
+
+
+def _as_column(value: Any, num_rows: int) -> np.ndarray:
+    if isinstance(value, np.ndarray):
+        return value
+    if isinstance(value, (list, tuple)) and len(value) == num_rows:
+        return np.asarray(value)
+    # Nested action structures are stored one structure per row.
+    rows = np.empty(num_rows, object)
+    rows[:] = _split_rows(value, num_rows)
+    return rows
+
+
+def _split_rows(actions: Any, num_rows: int) -> list:
+    """Per-row values of an action batch: plain Python ints for Discrete, views otherwise."""
+    if isinstance(actions, np.ndarray):
+        return actions.tolist() if actions.ndim == 1 else list(actions)
+    flat = tree.flatten(actions)
+    return [tree.unflatten_as(actions, [leaf[i] for leaf in flat]) for i in range(num_rows)]
+
+
+def distribute_actions(actions_by_env: dict[int, dict], rows: AgentRows, actions: Any) -> None:
+    per_row = _split_rows(actions, len(rows))
+    for env_id, agent_id, action in zip(rows["env_ids"].tolist(), rows["agent_ids"], per_row):
+        actions_by_env[env_id][agent_id] = action
+
+
+def apply_off_policy_actions(columns: dict[str, Any], rows: AgentRows, off_policy: dict) -> None:
+    """The env chose some actions itself: store those, not the policy's."""
+    actions = columns["actions"]
+    if not isinstance(actions, np.ndarray):
+        return
+    actions = columns["actions"] = actions.copy()
+    for i, (env_id, agent_id) in enumerate(zip(rows["env_ids"].tolist(), rows["agent_ids"])):
+        env_actions = off_policy.get(env_id)
+        if env_actions and agent_id in env_actions:
+            actions[i] = env_actions[agent_id]
