@@ -6,7 +6,8 @@ Modes (combine freely; none given means ``--throughput``):
   and the per-phase breakdown.
 - ``--memory``: RSS growth of the runner between 200k and 1M agent steps (cheap).
 - ``--subprocess-speedup``: runner with ``vectorize: subprocess`` vs ``sync`` on
-  env-bound workloads (kaz, pistonball).
+  env-bound workloads (kaz, pistonball); ``--async-poll`` adds the asynchronous
+  subprocess protocol; both with a per-round breakdown of where the time goes.
 - ``--profile``: cProfile of the runner per workload, top functions by own time.
 - ``--all``: the first three.
 
@@ -66,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     modes.add_argument(
         "--subprocess-speedup",
         action="store_true",
-        help=f"runner, vectorize subprocess vs sync ({', '.join(SUBPROCESS_WORKLOADS)})",
+        help=f"runner, vectorize subprocess vs sync ({', '.join(SUBPROCESS_WORKLOADS)}, "
+        "or those of them named)",
     )
     modes.add_argument(
         "--profile",
@@ -106,6 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("sync", "subprocess"),
         default="sync",
         help="vector env for runner and bare loop alike (default sync)",
+    )
+    parser.add_argument(
+        "--async-poll",
+        action="store_true",
+        help="--subprocess-speedup: also measure the asynchronous subprocess protocol "
+        "(async_poll: true)",
     )
     parser.add_argument(
         "--num-workers",
@@ -182,6 +190,7 @@ def _meta(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
         "seed": settings.seed,
         "vectorize": args.vectorize,
         "num_workers": args.num_workers,
+        "async_poll": args.async_poll,
         "torch_threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),
         "python": platform.python_version(),
@@ -240,11 +249,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             progress=progress,
         )
     if args.subprocess_speedup or args.all:
+        # Named workloads pick among the env-bound ones; none of them named: all.
+        subprocess_names = [n for n in names if n in SUBPROCESS_WORKLOADS] or list(
+            SUBPROCESS_WORKLOADS
+        )
         report["subprocess"] = [
             subprocess_speedup(
-                get_workload(name), settings, num_workers=args.num_workers or 2, progress=progress
+                get_workload(name),
+                settings,
+                num_workers=args.num_workers or 2,
+                async_poll=args.async_poll,
+                progress=progress,
             )
-            for name in SUBPROCESS_WORKLOADS
+            for name in subprocess_names
         ]
     if args.profile:
         report["profiles"] = [

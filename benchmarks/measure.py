@@ -58,7 +58,11 @@ class Settings:
         )
 
     def config(
-        self, workload: Workload, vectorize: str = "sync", num_workers: int | None = None
+        self,
+        workload: Workload,
+        vectorize: str = "sync",
+        num_workers: int | None = None,
+        async_poll: bool = False,
     ) -> RunnerConfig:
         """The workload's runner config under these settings."""
         return workload.config(
@@ -67,6 +71,7 @@ class Settings:
             seed=self.seed,
             rollout_fragment_length=self.rollout_fragment_length,
             torch_threads=self.torch_threads,
+            async_poll=async_poll,
         )
 
 
@@ -271,30 +276,97 @@ def memory_growth(
     }
 
 
+def process_tree_cpu_s() -> float:
+    """CPU time (user + system) of this process and all its descendants (env workers)."""
+    me = psutil.Process()
+    total = 0.0
+    for process in (me, *me.children(recursive=True)):
+        try:
+            times = process.cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system
+    return total
+
+
+def _subprocess_breakdown(
+    stats: list[dict[str, float]], windows: list[RunnerWindow], num_envs: int, num_workers: int
+) -> dict[str, float]:
+    """Where a SubprocessVectorEnv round (``num_envs`` env steps) goes, in ms.
+
+    ``main_busy`` is the main process not blocked on workers (the runner's own
+    work plus IPC); ``worker_env`` is one worker's time inside env
+    ``step``/``reset``; ``worker_idle`` one worker's time not serving a
+    step request (waiting for the main process, or for the CPU).
+    """
+    rounds = sum(w.env_steps for w in windows) / num_envs
+    elapsed = sum(w.elapsed_s for w in windows)
+    if rounds <= 0:
+        return {}
+    total = {key: sum(s[key] for s in stats) for key in stats[0]}
+    ms = 1000.0 / rounds
+    wall = elapsed * ms
+    worker_busy = total["worker_busy_s"] * ms / num_workers
+    return {
+        "wall_ms": wall,
+        "main_busy_ms": wall - total["parent_wait_s"] * ms,
+        "main_ipc_ms": total["parent_ipc_s"] * ms,
+        "main_wait_ms": total["parent_wait_s"] * ms,
+        "worker_env_ms": total["worker_env_s"] * ms / num_workers,
+        "worker_overhead_ms": (total["worker_busy_s"] - total["worker_env_s"]) * ms / num_workers,
+        "worker_idle_ms": wall - worker_busy,
+        "polls_per_round": total["polls"] / rounds,
+        "prefetched_resets_per_round": total["prefetched_resets"] / rounds,
+        "reset_round_trips_per_round": total["reset_round_trips"] / rounds,
+    }
+
+
 def subprocess_speedup(
     workload: Workload,
     settings: Settings,
     *,
     num_workers: int = 2,
+    async_poll: bool = False,
     progress: Progress = _quiet,
 ) -> dict[str, Any]:
-    """Runner throughput with ``vectorize: subprocess`` over ``sync``, windows alternating."""
+    """Runner throughput with ``vectorize: subprocess`` over ``sync``, windows alternating.
+
+    With ``async_poll`` the asynchronous subprocess protocol is measured too
+    (``subprocess_async``, ``speedup_async``). Each mode reports the CPU cores
+    its processes used; subprocess modes also a per-round breakdown.
+    """
     configs = {
         "sync": settings.config(workload, "sync"),
         "subprocess": settings.config(workload, "subprocess", num_workers),
     }
+    if async_poll:
+        configs["subprocess_async"] = settings.config(
+            workload, "subprocess", num_workers, async_poll=True
+        )
+    label = " vs ".join(configs)
     runners: dict[str, EnvRunner] = {}
     windows: dict[str, list[RunnerWindow]] = {mode: [] for mode in configs}
+    cores: dict[str, list[float]] = {mode: [] for mode in configs}
+    env_stats: dict[str, list[dict[str, float]]] = {mode: [] for mode in configs}
     try:
         for mode, config in configs.items():
             runners[mode] = EnvRunner(config)
-        progress(f"{workload.name} sync vs subprocess: warm-up")
+        progress(f"{workload.name} {label}: warm-up")
         for runner in runners.values():
             time_runner(runner, settings.warmup_s)
         for repeat in range(settings.repeats):
-            progress(f"{workload.name} sync vs subprocess: repeat {repeat + 1}/{settings.repeats}")
+            progress(f"{workload.name} {label}: repeat {repeat + 1}/{settings.repeats}")
             for mode, runner in runners.items():
+                reset_stats = getattr(runner.env, "reset_stats", None)
+                if reset_stats is not None:
+                    reset_stats()
+                cpu_start, clock = process_tree_cpu_s(), perf_counter()
                 windows[mode].append(time_runner(runner, settings.duration_s))
+                cores[mode].append(
+                    (process_tree_cpu_s() - cpu_start) / max(perf_counter() - clock, 1e-9)
+                )
+                if reset_stats is not None:
+                    env_stats[mode].append(runner.env.stats.as_dict())
     finally:
         for runner in runners.values():
             runner.stop()
@@ -308,10 +380,17 @@ def subprocess_speedup(
         result[mode] = {
             "agent_steps_per_s": _median(rates),
             "repeats": rates,
+            "cpu_cores": _median(cores[mode]),
             "perf": mode_windows[-1].perf,
         }
+        if env_stats[mode]:
+            result[mode]["breakdown"] = _subprocess_breakdown(
+                env_stats[mode], mode_windows, workload.num_envs, configs[mode].num_workers
+            )
     sync_rate = result["sync"]["agent_steps_per_s"]
-    result["speedup"] = (
-        result["subprocess"]["agent_steps_per_s"] / sync_rate if sync_rate > 0 else float("nan")
-    )
+    for mode, key in (("subprocess", "speedup"), ("subprocess_async", "speedup_async")):
+        if mode in result:
+            result[key] = (
+                result[mode]["agent_steps_per_s"] / sync_rate if sync_rate > 0 else float("nan")
+            )
     return result

@@ -97,29 +97,69 @@ def memory_table(result: dict[str, Any]) -> Table:
 
 
 def subprocess_table(rows: list[dict[str, Any]]) -> Table:
-    table = Table(title="Runner: vectorize subprocess vs sync (agent steps/s)")
-    for name in (
-        "workload",
-        "envs",
-        "workers",
-        "sync",
-        "subprocess",
-        "speedup",
-        "env wait ms sync",
-        "env wait ms subproc.",
-    ):
+    modes = [m for m in ("subprocess", "subprocess_async") if any(m in row for row in rows)]
+    table = Table(title="Runner: vectorize subprocess vs sync (agent steps/s; cores used)")
+    columns = ["workload", "envs", "workers", "sync"]
+    for mode in modes:
+        short = "async" if mode == "subprocess_async" else "subprocess"
+        columns += [short, f"speedup {short}"]
+    for name in columns:
         table.add_column(name, justify="left" if name == "workload" else "right")
     for row in rows:
-        table.add_row(
+        cells = [
             row["name"],
             str(row["num_envs"]),
             str(row["num_workers"]),
-            _rate(row["sync"]["agent_steps_per_s"]),
-            _rate(row["subprocess"]["agent_steps_per_s"]),
-            f"{row['speedup']:.2f}x",
-            f"{row['sync']['perf']['mean_env_wait_ms']:.2f}",
-            f"{row['subprocess']['perf']['mean_env_wait_ms']:.2f}",
-        )
+            _mode_cell(row["sync"]),
+        ]
+        for mode, key in (("subprocess", "speedup"), ("subprocess_async", "speedup_async")):
+            if mode in modes:
+                present = mode in row
+                cells += [
+                    _mode_cell(row[mode]) if present else "-",
+                    f"{row[key]:.2f}x" if present else "-",
+                ]
+        table.add_row(*cells)
+    return table
+
+
+def _mode_cell(result: dict[str, Any]) -> str:
+    cores = result.get("cpu_cores")
+    return _rate(result["agent_steps_per_s"]) + (f" ({cores:.2f})" if cores is not None else "")
+
+
+_BREAKDOWN_COLUMNS = (
+    ("wall", "wall_ms"),
+    ("main busy", "main_busy_ms"),
+    ("main IPC", "main_ipc_ms"),
+    ("main waits", "main_wait_ms"),
+    ("worker env", "worker_env_ms"),
+    ("worker ovh.", "worker_overhead_ms"),
+    ("worker idle", "worker_idle_ms"),
+    ("polls", "polls_per_round"),
+)
+
+
+def subprocess_breakdown_table(rows: list[dict[str, Any]]) -> Table:
+    """ms per round (one step of every sub-env); worker columns are per worker."""
+    table = Table(
+        title="Subprocess: ms per round (every sub-env stepped once); worker columns per worker; "
+        "sync: runner env wait"
+    )
+    for name in ("workload", "mode", "sync env wait", *(c for c, _ in _BREAKDOWN_COLUMNS)):
+        table.add_column(name, justify="left" if name in ("workload", "mode") else "right")
+    for row in rows:
+        sync_wait = row["sync"]["perf"].get("mean_env_wait_ms", float("nan"))
+        for mode in ("subprocess", "subprocess_async"):
+            breakdown = (row.get(mode) or {}).get("breakdown")
+            if not breakdown:
+                continue
+            table.add_row(
+                row["name"],
+                "async" if mode == "subprocess_async" else "default",
+                f"{sync_wait:.2f}",
+                *(f"{breakdown[key]:.2f}" for _, key in _BREAKDOWN_COLUMNS),
+            )
     return table
 
 
@@ -152,6 +192,7 @@ def print_report(console: Console, report: dict[str, Any]) -> None:
         console.print(memory_table(report["memory"]))
     if report.get("subprocess"):
         console.print(subprocess_table(report["subprocess"]))
+        console.print(subprocess_breakdown_table(report["subprocess"]))
     for result in report.get("profiles") or []:
         console.print(profile_table(result, "top"))
         console.print(profile_table(result, "top_runner_code"))

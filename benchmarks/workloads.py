@@ -38,6 +38,7 @@ class Workload:
         seed: int = 0,
         rollout_fragment_length: int = 200,
         torch_threads: int = 1,
+        async_poll: bool = False,
     ) -> RunnerConfig:
         """The runner config; defaults everywhere else (default connector chains, CPU).
 
@@ -60,6 +61,8 @@ class Workload:
         }
         if vectorize == "subprocess" and num_workers is not None:
             data["num_workers"] = min(num_workers, self.num_envs)
+        if vectorize == "subprocess" and async_poll:
+            data["async_poll"] = True
         return RunnerConfig.from_dict(data)
 
 

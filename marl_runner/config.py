@@ -106,6 +106,9 @@ class RunnerConfig:
     # subprocess: poll returns the sub-envs that are ready instead of all of them, so workers
     # step while inference runs; faster, but which rows share a batch depends on timing.
     async_poll: bool = False
+    # subprocess: pin each worker to its own core when workers + this process fill the
+    # machine (Linux); avoids the scheduler stacking woken workers on one core.
+    pin_workers: bool = True
     rollout_fragment_length: int = 200
     batch_mode: str = "truncate_episodes"
     count_steps_by: str = "env_steps"
@@ -160,6 +163,7 @@ class RunnerConfig:
         self.explore = _check_bool(self.explore, "explore")
         self.normalize_actions = _check_bool(self.normalize_actions, "normalize_actions")
         self.async_poll = _check_bool(self.async_poll, "async_poll")
+        self.pin_workers = _check_bool(self.pin_workers, "pin_workers")
         self.policies = _check_policies(self.policies)
         self.policy_mapping_fn = _check_mapping_spec(self.policy_mapping_fn, self.policies)
         if self.callbacks is not None:

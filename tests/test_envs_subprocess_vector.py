@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -22,8 +24,10 @@ from marl_runner.envs.testing import (
     CrashingEnv,
     CrashingEnvError,
     DyingAgentsEnv,
+    action_mask,
     assert_same,
     play_vector_env,
+    random_action,
 )
 
 pytestmark = [
@@ -226,3 +230,277 @@ def test_make_vector_env_subprocess_with_a_registered_env():
         assert vec.try_render(1) is None
         history = play_vector_env(vec, 12)
     assert sum(len(resets) for _, resets in history) == 6
+
+
+# ---- resets shipped with an episode's last step
+
+CHEAP_SHORT = EnvFactory(
+    {"name": "marl_runner.envs.testing:CheapEnv", "config": {"num_agents": 2, "episode_len": 3}}
+)
+
+
+class FlakyResetEnv(CheapEnv):
+    """CheapEnv (3-round episodes) whose `bad_reset`-th reset raises, or with
+    `malformed` returns only the obs."""
+
+    def __init__(self, bad_reset: int = 2, malformed: bool = False) -> None:
+        super().__init__(num_agents=2, episode_len=3)
+        self.bad_reset = bad_reset
+        self.malformed = malformed
+        self.num_resets = 0
+
+    def reset(self, seed=None, options=None):
+        self.num_resets += 1
+        if self.num_resets == self.bad_reset:
+            if self.malformed:
+                return (super().reset(seed=seed, options=options)[0],)
+            raise CrashingEnvError(f"FlakyResetEnv: reset #{self.num_resets}")
+        return super().reset(seed=seed, options=options)
+
+
+def flaky_reset_env(index: int) -> FlakyResetEnv:
+    return FlakyResetEnv(bad_reset=2 if index == 1 else 0)
+
+
+def malformed_second_reset_env(index: int) -> FlakyResetEnv:
+    return FlakyResetEnv(bad_reset=2 if index == 1 else 0, malformed=True)
+
+
+def step_all(vec, env_ids=None):
+    vec.send_actions(
+        {env_id: {"agent_0": 0, "agent_1": 0} for env_id in env_ids or range(vec.num_envs)}
+    )
+    return vec.poll()
+
+
+def test_resets_travel_with_the_last_step_and_match_sync():
+    compare_with_sync(CHEAP_SHORT, num_envs=4, num_workers=2, rounds=13)
+    with SubprocessVectorEnv(CHEAP_SHORT, 4, seed=3, num_workers=2) as vec:
+        history = play_vector_env(vec, 13)
+        resets = sum(len(round_resets) for _, round_resets in history)
+        assert resets == 4 * 4  # 3-round episodes: rounds 3, 6, 9, 12
+        assert vec.stats.prefetched_resets == resets and vec.stats.reset_round_trips == 0
+        assert vec.stats.env_steps == 12 * 4 and vec.stats.step_requests == 12 * 2
+
+
+def test_a_failing_prefetched_reset_is_reported_as_before():
+    for vec in (
+        SyncVectorEnv(flaky_reset_env, 2, seed=0, restart_failed=True),
+        SubprocessVectorEnv(flaky_reset_env, 2, seed=0, num_workers=2, restart_failed=True),
+    ):
+        with vec:
+            vec.poll()
+            for _ in range(3):
+                obs, _, _, truncateds, *_ = step_all(vec)
+            assert truncateds[1]["__all__"]
+            error, infos = vec.try_reset(1)
+            assert isinstance(error, CrashingEnvError) and infos == {}
+            assert "reset #2" in str(error)
+            if isinstance(vec, SubprocessVectorEnv):
+                assert "sub-env 1 (worker 1)" in error.__notes__[0]
+            assert set(vec.try_reset(0)[0]) == {"agent_0", "agent_1"}
+            obs, _ = vec.try_reset(1)  # recreated (restart_failed), then reset seeded afresh
+            assert set(obs) == {"agent_0", "agent_1"}
+
+
+def test_a_malformed_prefetched_reset_raises_in_try_reset():
+    with SubprocessVectorEnv(malformed_second_reset_env, 2, seed=0, num_workers=1) as vec:
+        vec.poll()
+        for _ in range(3):
+            step_all(vec)  # the episode's last step does not raise: the reset is not asked for yet
+        assert set(vec.try_reset(0)[0]) == {"agent_0", "agent_1"}
+        with pytest.raises(
+            EnvError, match=r"sub-env 1 \(FlakyResetEnv\): reset returned a tuple of 1"
+        ):
+            vec.try_reset(1)
+
+
+def test_try_reset_with_a_seed_or_options_discards_the_prefetched_reset():
+    sync = SyncVectorEnv(CHEAP_SHORT, 3, seed=5)
+    with SubprocessVectorEnv(CHEAP_SHORT, 3, seed=5, num_workers=2) as sub:
+        for vec in (sync, sub):
+            vec.poll()
+            for _ in range(3):
+                step_all(vec)
+        assert_same(sync.try_reset(0, seed=11), sub.try_reset(0, seed=11))
+        assert_same(sync.try_reset(1), sub.try_reset(1))
+        assert sub.stats.prefetched_resets == 1 and sub.stats.reset_round_trips == 1
+        assert set(sub.try_reset(2, options={"x": 1})[0]) == {"agent_0", "agent_1"}
+        assert sub.stats.reset_round_trips == 2
+
+
+# ---- asynchronous polling
+
+
+class SlowEnv(CheapEnv):
+    """CheapEnv whose steps take `delay_s`."""
+
+    def __init__(self, delay_s: float) -> None:
+        super().__init__(num_agents=2, episode_len=4)
+        self.delay_s = delay_s
+
+    def step(self, actions):
+        time.sleep(self.delay_s)
+        return super().step(actions)
+
+
+def slow_second_half(index: int) -> CheapEnv:
+    return SlowEnv(0.15) if index >= 2 else CheapEnv(num_agents=2, episode_len=4)
+
+
+def a_bit_slow_second_half(index: int) -> CheapEnv:
+    return SlowEnv(0.005) if index >= 2 else CheapEnv(num_agents=2, episode_len=4)
+
+
+def play_per_env(vec, polls_per_env: int) -> dict:
+    """Drive `vec` until every sub-env appeared in `polls_per_env` polls; each
+    sub-env gets actions drawn from its own RNG. Returns per sub-env what it
+    handed out, which does not depend on which sub-envs shared a poll."""
+    history: dict[int, list] = {env_id: [] for env_id in range(vec.num_envs)}
+    rngs = {env_id: np.random.default_rng(env_id) for env_id in range(vec.num_envs)}
+    owing = set(range(vec.num_envs))  # sub-envs with a result to come
+    while any(len(h) < polls_per_env for h in history.values()):
+        obs, rewards, terminateds, truncateds, infos, _ = vec.poll()
+        assert obs and set(obs) <= owing, (set(obs), owing)
+        owing -= set(obs)
+        actions = {}
+        for env_id, env_obs in obs.items():
+            record = [env_obs, rewards[env_id], terminateds[env_id], truncateds[env_id]]
+            env_infos = infos[env_id]
+            if terminateds[env_id]["__all__"] or truncateds[env_id]["__all__"]:
+                env_obs = None
+                while not isinstance(env_obs, dict):
+                    env_obs, env_infos = vec.try_reset(env_id)
+                    record.append(env_obs)
+                live = set(env_obs)
+            else:
+                live = {
+                    a
+                    for a in env_obs
+                    if not (terminateds[env_id].get(a) or truncateds[env_id].get(a))
+                }
+            history[env_id].append(record)
+            if len(history[env_id]) < polls_per_env:
+                actions[env_id] = {
+                    agent: random_action(
+                        vec.get_action_space(agent),
+                        action_mask(env_obs[agent], env_infos.get(agent)),
+                        rngs[env_id],
+                    )
+                    for agent in sorted(live)
+                }
+        vec.send_actions(actions)
+        owing |= set(actions)
+    return history
+
+
+def test_async_poll_returns_the_ready_workers_first():
+    with SubprocessVectorEnv(slow_second_half, 4, seed=0, num_workers=2, async_poll=True) as vec:
+        assert set(vec.poll()[0]) == {0, 1, 2, 3}  # the first poll: every reset obs
+        vec.send_actions({env_id: {"agent_0": 0, "agent_1": 0} for env_id in range(4)})
+        assert set(vec.poll()[0]) == {0, 1}  # worker 1 is still stepping
+        vec.send_actions({0: {"agent_0": 1}, 1: {}})
+        seen = []
+        while len(seen) < 2:
+            seen.append(set(vec.poll()[0]))
+        assert sorted(map(sorted, seen)) == [[0, 1], [2, 3]]
+        assert vec.poll()[0] == {}  # nothing in flight: an empty poll, no waiting
+
+
+def test_async_poll_gives_each_sub_env_the_same_outputs_as_sync():
+    for make_one, num_envs, num_workers in (
+        (a_bit_slow_second_half, 4, 2),
+        (mixed_env, 3, 2),
+        (CHEAP_SHORT, 5, 2),
+    ):
+        sync = play_per_env(SyncVectorEnv(make_one, num_envs, seed=3), 14)
+        with SubprocessVectorEnv(
+            make_one, num_envs, seed=3, num_workers=num_workers, async_poll=True
+        ) as vec:
+            assert_same(sync, play_per_env(vec, 14))
+
+
+def test_async_poll_with_a_dying_worker():
+    with SubprocessVectorEnv(
+        worker_dies_in_env_1, 4, seed=0, num_workers=2, async_poll=True, restart_failed=True
+    ) as vec:
+        errors = {}
+        history = play_per_env_until_error(vec, errors)
+        assert set(errors) == {0, 1} and all(isinstance(e, EnvError) for e in errors.values())
+        assert "running sub-envs [0, 1] died (exit code 3)" in str(errors[0])
+        assert history  # the other worker's sub-envs kept stepping
+        assert set(vec.try_reset(0)[0]) == {"a0", "a1"}  # the worker is recreated
+        vec.send_actions({0: ACT})
+        polled: list[int] = []
+        while 0 not in polled:
+            polled += vec.poll()[0]
+        assert sorted(polled) == [0, 2, 3]  # 2 and 3 were still in flight
+
+
+def play_per_env_until_error(vec, errors: dict) -> list:
+    vec.poll()
+    vec.send_actions(dict.fromkeys(range(4), ACT))
+    history = []
+    while len(errors) < 2:
+        obs, *_ = vec.poll()
+        for env_id, env_obs in obs.items():
+            if isinstance(env_obs, Exception):
+                errors[env_id] = env_obs
+            else:
+                history.append(env_id)
+        vec.send_actions({env_id: ACT for env_id, o in obs.items() if isinstance(o, dict)})
+    return history
+
+
+def test_async_stop_with_steps_in_flight_leaves_no_processes_or_shared_memory():
+    vec = SubprocessVectorEnv(slow_second_half, 4, seed=0, num_workers=2, async_poll=True)
+    vec.poll()
+    step_all(vec)  # worker 0 answered, worker 1 is still stepping
+    step_all(vec, [0, 1])
+    blocks = [w.obs_reader.block.name for w in vec._workers if w.obs_reader.block is not None]
+    assert blocks
+    processes = [worker.process for worker in vec._workers]
+    vec.stop()
+    assert all(process.exitcode == 0 for process in processes)
+    assert not [name for name in blocks if os.path.exists(f"/dev/shm/{name}")]
+
+
+def test_make_vector_env_reads_async_poll():
+    config = SimpleNamespace(
+        env={"name": "marl_runner.envs.testing:CheapEnv", "config": {"num_agents": 2}},
+        num_envs=2,
+        vectorize="subprocess",
+        num_workers=2,
+        async_poll=True,
+    )
+    with make_vector_env(config) as vec:
+        assert vec.async_poll
+    del config.async_poll
+    with make_vector_env(config) as vec:
+        assert not vec.async_poll
+
+
+# ---- worker pinning
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="Linux only")
+def test_workers_fill_the_cpus_pinned_one_each_else_unpinned():
+    allowed = sorted(os.sched_getaffinity(0))
+    factory = EnvFactory({"name": "marl_runner.envs.testing:CheapEnv"})
+    cases = [(len(allowed), True), (len(allowed), False), (len(allowed) + 1, True)]
+    if len(allowed) > 3:
+        cases.append((len(allowed) - 2, True))  # spare CPUs: no pinning
+    for num_workers, pin in cases:
+        with SubprocessVectorEnv(
+            factory, num_workers, num_workers=num_workers, pin_workers=pin
+        ) as vec:
+            pinned = pin and len(allowed) >= 2 and num_workers <= len(allowed) <= num_workers + 1
+            for worker in vec._workers:
+                affinity = os.sched_getaffinity(worker.process.pid)
+                if pinned:
+                    assert affinity == {allowed[worker.index]}
+                    assert os.sched_getscheduler(worker.process.pid) == os.SCHED_BATCH
+                else:
+                    assert affinity == set(allowed)
+                    assert os.sched_getscheduler(worker.process.pid) == os.SCHED_OTHER
+            play_vector_env(vec, 3)

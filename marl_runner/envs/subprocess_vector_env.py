@@ -92,6 +92,8 @@ class SubprocessStats:
     """Where a SubprocessVectorEnv's time went, summed since creation (or the last
     `reset_stats`). Times in seconds; worker times summed over workers."""
 
+    #: `poll` calls after the first.
+    polls: int = 0
     #: Step requests sent (one per worker per poll in the default mode).
     step_requests: int = 0
     #: Sub-env steps whose results came back.
@@ -171,6 +173,13 @@ class SubprocessVectorEnv(BaseEnv):
             their next reset.
         num_workers: processes to use; default `min(num_envs, os.cpu_count())`.
         async_poll: the asynchronous protocol (see above).
+        pin_workers: when the workers and this process fill the CPUs this
+            process may use (`num_workers` or `num_workers + 1` of them, at
+            least 2), pin worker i to the i-th of them and make it a
+            `SCHED_BATCH` task (see `subprocess_worker.pin_to_cpu`); this
+            process stays unpinned. With 2 workers on 2 CPUs that is worth
+            ~15% of throughput on env-bound workloads (KAZ: 1.38x -> 1.56x
+            over sync). Linux only; elsewhere, or with more CPUs, a no-op.
     """
 
     def __init__(
@@ -181,6 +190,7 @@ class SubprocessVectorEnv(BaseEnv):
         restart_failed: bool = False,
         num_workers: int | None = None,
         async_poll: bool = False,
+        pin_workers: bool = True,
     ) -> None:
         if not isinstance(num_envs, int) or num_envs < 1:
             raise EnvError(f"num_envs {num_envs!r}: expected an int >= 1")
@@ -213,6 +223,7 @@ class SubprocessVectorEnv(BaseEnv):
             for w in range(num_workers)
         ]
         self._worker_of_env = [w for w, block in enumerate(env_blocks) for _ in block]
+        self._worker_cpus = _worker_cpus(num_workers) if pin_workers else [None] * num_workers
         self._workers: list[_Worker] = []
         self._finalizer = weakref.finalize(self, _shut_down_all, self._workers)
         self._workers.extend(self._launch(w, block) for w, block in enumerate(env_blocks))
@@ -248,6 +259,7 @@ class SubprocessVectorEnv(BaseEnv):
             for env_id in range(self.num_envs):
                 put_reset(poll, env_id, *self._reset_outcome(env_id, results[env_id]))
             return poll
+        self.stats.polls += 1
         if self.async_poll:
             return self._poll_ready()
 
@@ -267,9 +279,12 @@ class SubprocessVectorEnv(BaseEnv):
         return poll
 
     def send_actions(self, actions: dict[EnvID, MultiAgentDict]) -> None:
+        prefetched = self._prefetched
         for env_id in actions:
             if not 0 <= env_id < self.num_envs:
                 raise EnvError(f"send_actions: env_id {env_id!r} is not in [0, {self.num_envs})")
+            if prefetched:
+                prefetched.pop(env_id, None)  # stepped without try_reset: the reset is stale
         if not self.async_poll:
             self._pending_actions.update(actions)
             return
@@ -363,7 +378,7 @@ class SubprocessVectorEnv(BaseEnv):
         parent_conn, child_conn = self._context.Pipe()
         process = self._context.Process(
             target=worker_main,
-            args=(child_conn, self._make_one, env_ids, index),
+            args=(child_conn, self._make_one, env_ids, index, self._worker_cpus[index]),
             name=f"marl-runner-env-worker-{index}",
             daemon=True,
         )
@@ -572,6 +587,23 @@ class SubprocessVectorEnv(BaseEnv):
             self._seeds.recreated(env_id)
             self._crashed.discard(env_id)
             self._prefetched.pop(env_id, None)
+
+
+def _worker_cpus(num_workers: int) -> list[int | None]:
+    """The CPU to pin each worker to: distinct CPUs among those this process
+    may use, when the workers (and this process) fill them; else None for all.
+
+    Only then do workers contend for CPUs (the case pinning helps with). On
+    a bigger machine, possibly shared by several runners, pinning every
+    runner's workers to the same first CPUs would be harmful.
+    """
+    try:
+        allowed = sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return [None] * num_workers
+    if not max(num_workers, 2) <= len(allowed) <= num_workers + 1:
+        return [None] * num_workers
+    return allowed[:num_workers]
 
 
 def _empty_poll() -> PollResult:

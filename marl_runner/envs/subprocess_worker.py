@@ -15,6 +15,7 @@ the request to sending the reply (pickling it excluded).
 
 from __future__ import annotations
 
+import os
 import pickle
 import signal
 import time
@@ -130,19 +131,44 @@ def _reset_sub_env(
     return obs_writer.pack(obs), infos
 
 
+def pin_to_cpu(cpu: int) -> None:
+    """Run this process on `cpu` only, as a batch (CPU-bound) task.
+
+    With as many workers as CPUs, the kernel's wake-affine placement tends
+    to queue a worker woken by a pipe write on the CPU of the process that
+    wrote (the parent, or the other worker) while another CPU idles, until
+    load balancing moves it; pinned workers cannot stack. `SCHED_BATCH`
+    stops a woken worker from preempting the parent while it is still
+    sending the other workers their actions. Best effort: where either is
+    not available, the worker runs unpinned.
+    """
+    try:
+        os.sched_setaffinity(0, {cpu})
+    except (AttributeError, OSError):
+        return
+    try:
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+    except (AttributeError, OSError):
+        pass
+
+
 def worker_main(
     conn: Connection,
     make_one: Callable[[int], MultiAgentEnv],
     env_ids: Sequence[EnvID],
     worker_index: int,
+    cpu: int | None = None,
 ) -> None:
     """Serve step/reset/restart/render/close requests for `env_ids` until closed.
 
     Every request gets exactly one reply, so parent and worker never get out
     of step. Per sub-env replies are the env's result, a `Crash` or a
-    `Malformed`.
+    `Malformed`. With `cpu`, the worker pins itself to that CPU first
+    (`pin_to_cpu`).
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    if cpu is not None:
+        pin_to_cpu(cpu)
     envs: dict[EnvID, MultiAgentEnv] = {}
     for env_id in env_ids:
         try:

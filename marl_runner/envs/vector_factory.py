@@ -19,8 +19,8 @@ def make_vector_env(config: Any) -> BaseEnv:
 
     `config` is any object (or mapping) with `env` (name/config/api),
     `num_envs`, `seed`, `vectorize` (`sync` | `subprocess`) and
-    `restart_failed_sub_environments`; `num_workers` and `async_poll`
-    are read for `subprocess` when present.
+    `restart_failed_sub_environments`; `num_workers`, `async_poll` and
+    `pin_workers` are read for `subprocess` when present.
     """
     factory = EnvFactory(_field(config, "env", None))
     num_envs = _field(config, "num_envs", 1)
@@ -37,6 +37,7 @@ def make_vector_env(config: Any) -> BaseEnv:
             restart_failed=restart_failed,
             num_workers=_field(config, "num_workers", None),
             async_poll=bool(_field(config, "async_poll", False)),
+            pin_workers=bool(_field(config, "pin_workers", True)),
         )
     raise EnvError(f"vectorize {vectorize!r}: expected one of {list(VECTORIZE_CHOICES)}")
 
