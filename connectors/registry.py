@@ -176,25 +176,20 @@ def register_lambda_agent_connector(
     fn: Callable[[AgentConnectorDataType], AgentConnectorDataType | list[AgentConnectorDataType]],
 ) -> type[LambdaAgentConnector]:
     """Register a per-item function as agent connector ``name`` (serialisable by that name)."""
-
-    class Registered(LambdaAgentConnector):
-        def __init__(self, ctx: ConnectorContext) -> None:
-            super().__init__(ctx, fn)
-
-        def params(self) -> dict[str, Any]:
-            return {}
-
-    Registered.__name__ = Registered.__qualname__ = name
-    register_connector(name, Registered)
-    return Registered
+    return _register_function(name, LambdaAgentConnector, fn)
 
 
 def register_lambda_action_connector(
     name: str, fn: Callable[[ActionConnectorDataType], ActionConnectorDataType]
 ) -> type[LambdaActionConnector]:
     """Register a per-item function as action connector ``name`` (serialisable by that name)."""
+    return _register_function(name, LambdaActionConnector, fn)
 
-    class Registered(LambdaActionConnector):
+
+def _register_function(name: str, base: type, fn: Callable[[Any], Any]) -> type:
+    """A subclass of ``base`` bound to ``fn``, saved by its registered name (no params)."""
+
+    class Registered(base):
         def __init__(self, ctx: ConnectorContext) -> None:
             super().__init__(ctx, fn)
 

@@ -47,10 +47,6 @@ class SampleBatch(dict):
         """Number of rows; RLlib's name for ``len(batch)``."""
         return len(self)
 
-    @property
-    def num_columns(self) -> int:
-        return dict.__len__(self)
-
     def rows_slice(self, start: int, stop: int) -> SampleBatch:
         """Rows ``start:stop`` of every column (views, no copy)."""
         return SampleBatch({k: _index_column(v, slice(start, stop)) for k, v in self.items()})

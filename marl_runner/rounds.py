@@ -37,9 +37,6 @@ class RoundRows:
         self.truncated_rows: list[int] = []
         self.first_rows: list[int] = []
 
-    def __len__(self) -> int:
-        return len(self.keys)
-
     def add(
         self, obs: Any, reward: float, info: Any, key: int,
         terminated: bool, truncated: bool, is_first: bool,

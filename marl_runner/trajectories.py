@@ -68,9 +68,6 @@ class KeyTable:
             self.agent_id[key] = None
             self._free.append(key)
 
-    def live_keys(self) -> list[int]:
-        return [k for k, slot in enumerate(self.slot) if slot is not None]
-
     def mask(self, keys: list[int] | np.ndarray) -> np.ndarray:
         """A boolean lookup over all keys, true for ``keys``."""
         mask = np.zeros(self.capacity, bool)
@@ -104,9 +101,6 @@ class PolicyTrajectories:
         """Takes over another store's rows (a removed policy's, for its remapped agents)."""
         self.chunks.extend(other.chunks)
         other.chunks = []
-
-    def num_rows(self) -> int:
-        return sum(len(c[KEY_COLUMN]) for c in self.chunks)
 
     def drop_keys(self, key_mask: np.ndarray) -> None:
         """Discards every row of the masked keys (a faulty episode's data)."""

@@ -85,18 +85,22 @@ class ActionHead(nn.Module):
         raise NotImplementedError
 
 
-class CategoricalHead(ActionHead):
+class _MaskedLogitsHead(ActionHead):
+    """Heads whose distribution inputs are logits: masked entries get the lowest float."""
+
+    def distribution_inputs(
+        self, model_out: torch.Tensor, mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        return model_out if mask is None else model_out.masked_fill(~mask, FLOAT_MIN)
+
+
+class CategoricalHead(_MaskedLogitsHead):
     """Discrete(n): one categorical over n logits."""
 
     def __init__(self, space: gym.spaces.Discrete) -> None:
         super().__init__()
         self.num_model_outputs = int(space.n)
         self.start = int(space.start)
-
-    def distribution_inputs(
-        self, model_out: torch.Tensor, mask: torch.Tensor | None
-    ) -> torch.Tensor:
-        return model_out if mask is None else model_out.masked_fill(~mask, FLOAT_MIN)
 
     def sample(
         self,
@@ -115,7 +119,7 @@ class CategoricalHead(ActionHead):
         return dist_inputs.gather(-1, index).squeeze(-1) - dist_inputs.logsumexp(dim=-1)
 
 
-class MultiCategoricalHead(ActionHead):
+class MultiCategoricalHead(_MaskedLogitsHead):
     """MultiDiscrete(nvec): one categorical per dimension over concatenated logits.
 
     Dimensions are padded to a common size so every dimension is sampled by a
@@ -135,11 +139,6 @@ class MultiCategoricalHead(ActionHead):
 
     def _padded(self, concatenated: torch.Tensor) -> torch.Tensor:
         return concatenated[:, self.gather_index]
-
-    def distribution_inputs(
-        self, model_out: torch.Tensor, mask: torch.Tensor | None
-    ) -> torch.Tensor:
-        return model_out if mask is None else model_out.masked_fill(~mask, FLOAT_MIN)
 
     def sample(
         self,
