@@ -129,6 +129,25 @@ class RunnerConfig:
     # Torch intra-op threads for inference: small per-round batches run fastest on one
     # thread (several only add synchronisation); None leaves torch's setting alone.
     torch_threads: int | None = 1
+    # --- faults and timeouts
+    # subprocess/ray: a step or reset slower than this is a fault; None waits forever.
+    sub_env_step_timeout_s: float | None = 60.0
+    # A sub-env whose resets fail this many times in a row raises, naming the last error.
+    max_consecutive_reset_failures: int = 5
+    # A sub-env whose episodes fail this many times in a row (restarts on) raises likewise.
+    max_consecutive_step_failures: int = 5
+    # Check every obs against the agent's space and every reward for being finite.
+    check_env_outputs: bool = False
+    # Warn once when an episode has not ended after this many env steps; None: never.
+    max_episode_steps: int | None = None
+    # --- remote sub-envs on Ray (vectorize: ray)
+    remote_env_num_cpus: float = 0
+    # --- runner groups on Ray (marl_runner.distributed)
+    num_runners: int = 0
+    max_runner_restarts: int = 3
+    ray_address: str | None = None  # None: join the running cluster or start a local one
+    # --- inverted control (vectorize: external): an episode quiet this long ends as faulty
+    external_episode_timeout_s: float | None = 60.0
 
     def __post_init__(self) -> None:
         self.env = _check_env(self.env)
@@ -173,6 +192,32 @@ class RunnerConfig:
         if self.ema_coef is not None:
             self.ema_coef = _check_number(
                 self.ema_coef, "ema_coef", "a number in (0, 1] or null", lambda v: 0 < v <= 1
+            )
+        for name in ("sub_env_step_timeout_s", "external_episode_timeout_s"):
+            if getattr(self, name) is not None:
+                setattr(self, name, _check_number(
+                    getattr(self, name), name, "a number of seconds > 0, or null", lambda v: v > 0
+                ))
+        self.max_consecutive_reset_failures = _check_int(
+            self.max_consecutive_reset_failures, "max_consecutive_reset_failures", minimum=1
+        )
+        self.max_consecutive_step_failures = _check_int(
+            self.max_consecutive_step_failures, "max_consecutive_step_failures", minimum=1
+        )
+        self.check_env_outputs = _check_bool(self.check_env_outputs, "check_env_outputs")
+        if self.max_episode_steps is not None:
+            self.max_episode_steps = _check_int(self.max_episode_steps, "max_episode_steps", minimum=1)
+        self.remote_env_num_cpus = _check_number(
+            self.remote_env_num_cpus, "remote_env_num_cpus", "a number >= 0", lambda v: v >= 0
+        )
+        self.num_runners = _check_int(self.num_runners, "num_runners", minimum=0)
+        self.max_runner_restarts = _check_int(self.max_runner_restarts, "max_runner_restarts", minimum=0)
+        if self.ray_address is not None and (
+            not isinstance(self.ray_address, str) or not self.ray_address.strip()
+        ):
+            raise ConfigError(
+                "ray_address", f"got {self.ray_address!r}, expected an address such as "
+                "'auto' or '10.0.0.1:6379', or null"
             )
 
     @classmethod
