@@ -1,11 +1,16 @@
 """Shape checks on what a sub-env's reset/step return, shared by the vector envs.
 
-They run on every step, so they only look at types and the `"__all__"` keys.
+They run on every step, so they only look at types and the `"__all__"` keys;
+`EnvOutputCheck` adds per-agent checks (declared agents, finite rewards,
+obs in space) that cost a few set operations per step.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
+
+import numpy as np
 
 from marl_runner.envs.errors import EnvError
 from marl_runner.envs.multi_agent_env import MultiAgentDict, StepResult
@@ -73,3 +78,121 @@ def _describe(value: Any) -> str:
     if isinstance(value, tuple | list):
         return f"a {type(value).__name__} of {len(value)} ({', '.join(type(v).__name__ for v in value)})"
     return f"a {type(value).__name__}"
+
+
+class EnvOutputCheck:
+    """Checks what one sub-env hands out, beyond the shape of the dicts.
+
+    Raises `EnvError` naming the sub-env, the agent and the field for:
+    an obs / reward / terminated / truncated flag for an agent the env never
+    declared (not in `possible_agents`, and `env.get_observation_space(agent)`
+    raises), a reward that is not a finite number, and (with
+    `check_spaces`) an obs outside the agent's observation space.
+
+    Agents spawned mid-episode are fine as long as the env answers
+    `get_observation_space` for them; each agent is looked up once and then
+    remembered, so the per-step cost is a few set inclusions and one `sum`.
+    Build one per sub-env object (a recreated env needs a new one). Used by
+    every vector env, in the process that holds the env.
+    """
+
+    def __init__(self, env: Any, env_id: int, check_spaces: bool = False) -> None:
+        self.env = env
+        self.env_id = env_id
+        self.check_spaces = check_spaces
+        self._agents: set[Any] = set(getattr(env, "possible_agents", None) or ())
+        self._flag_keys = self._agents | {"__all__"}
+
+    def step(
+        self,
+        obs: MultiAgentDict,
+        rewards: MultiAgentDict,
+        terminateds: MultiAgentDict,
+        truncateds: MultiAgentDict,
+    ) -> None:
+        """Check a step's obs, rewards and flags (the dicts are known to be dicts)."""
+        flag_keys = self._flag_keys
+        if not (
+            flag_keys.issuperset(terminateds)
+            and flag_keys.issuperset(truncateds)
+            and self._agents.issuperset(obs)
+            and self._agents.issuperset(rewards)
+        ):
+            for field, values in (
+                ("obs", obs),
+                ("reward", rewards),
+                ("terminated flag", terminateds),
+                ("truncated flag", truncateds),
+            ):
+                self._learn_agents(field, values, "step")
+        if rewards:
+            try:
+                total_is_finite = math.isfinite(sum(rewards.values()))
+            except TypeError:
+                total_is_finite = False
+            if not total_is_finite:
+                self._check_rewards(rewards)
+        if self.check_spaces:
+            self._check_obs(obs, "step")
+
+    def reset(self, obs: MultiAgentDict) -> None:
+        """Check a reset's obs."""
+        if not self._agents.issuperset(obs):
+            self._learn_agents("obs", obs, "reset")
+        if self.check_spaces:
+            self._check_obs(obs, "reset")
+
+    def _where(self) -> str:
+        return f"sub-env {self.env_id} ({type(self.env).__name__})"
+
+    def _learn_agents(self, field: str, values: MultiAgentDict, call: str) -> None:
+        """Remember the agents the env declares; raise for one it never declared."""
+        for agent in values:
+            if agent in self._agents or (agent == "__all__" and field.endswith("flag")):
+                continue
+            try:
+                self.env.get_observation_space(agent)
+            except Exception as error:
+                raise EnvError(
+                    f"{self._where()}: {call} returned a {field} for agent {agent!r}, which the "
+                    f"env never declared (not in possible_agents {sorted(self._agents, key=str)}, "
+                    f"and get_observation_space({agent!r}) raised {type(error).__name__}); "
+                    "expected only agents the env has spaces for"
+                ) from None
+            self._agents.add(agent)
+            self._flag_keys.add(agent)
+
+    def _check_rewards(self, rewards: MultiAgentDict) -> None:
+        for agent, reward in rewards.items():
+            try:
+                finite = math.isfinite(reward)
+            except TypeError:
+                raise EnvError(
+                    f"{self._where()}: step returned reward {reward!r} "
+                    f"({type(reward).__name__}) for agent {agent!r}; expected a finite number"
+                ) from None
+            if not finite:
+                raise EnvError(
+                    f"{self._where()}: step returned reward {reward!r} for agent {agent!r}; "
+                    "expected a finite number"
+                )
+
+    def _check_obs(self, obs: MultiAgentDict, call: str) -> None:
+        for agent, value in obs.items():
+            space = self.env.get_observation_space(agent)
+            if not space.contains(value):
+                raise EnvError(
+                    f"{self._where()}: {call} returned an obs for agent {agent!r} outside its "
+                    f"observation space {space}: got {_describe_value(value)}"
+                )
+
+
+def _describe_value(value: Any) -> str:
+    """Type, shape, dtype and range of an obs, for error messages."""
+    array = np.asarray(value) if not isinstance(value, dict | tuple) else None
+    if array is None or array.dtype.hasobject:
+        return _describe(value)
+    text = f"{type(value).__name__} shape {array.shape} dtype {array.dtype}"
+    if array.size and np.issubdtype(array.dtype, np.number):
+        text += f" min {array.min()!r} max {array.max()!r}"
+    return text
