@@ -119,10 +119,10 @@ class EnvOutputCheck:
             and self._agents.issuperset(rewards)
         ):
             for field, values in (
-                ("obs", obs),
-                ("reward", rewards),
-                ("terminated flag", terminateds),
-                ("truncated flag", truncateds),
+                ("an obs", obs),
+                ("a reward", rewards),
+                ("a terminated flag", terminateds),
+                ("a truncated flag", truncateds),
             ):
                 self._learn_agents(field, values, "step")
         if rewards:
@@ -138,7 +138,7 @@ class EnvOutputCheck:
     def reset(self, obs: MultiAgentDict) -> None:
         """Check a reset's obs."""
         if not self._agents.issuperset(obs):
-            self._learn_agents("obs", obs, "reset")
+            self._learn_agents("an obs", obs, "reset")
         if self.check_spaces:
             self._check_obs(obs, "reset")
 
@@ -154,7 +154,7 @@ class EnvOutputCheck:
                 self.env.get_observation_space(agent)
             except Exception as error:
                 raise EnvError(
-                    f"{self._where()}: {call} returned a {field} for agent {agent!r}, which the "
+                    f"{self._where()}: {call} returned {field} for agent {agent!r}, which the "
                     f"env never declared (not in possible_agents {sorted(self._agents, key=str)}, "
                     f"and get_observation_space({agent!r}) raised {type(error).__name__}); "
                     "expected only agents the env has spaces for"
@@ -194,5 +194,5 @@ def _describe_value(value: Any) -> str:
         return _describe(value)
     text = f"{type(value).__name__} shape {array.shape} dtype {array.dtype}"
     if array.size and np.issubdtype(array.dtype, np.number):
-        text += f" min {array.min()!r} max {array.max()!r}"
+        text += f" min {array.min()} max {array.max()}"
     return text
