@@ -16,7 +16,7 @@ from marl_runner.envs.base_env import (
     put_failure,
     put_reset,
 )
-from marl_runner.envs.checks import check_reset_result, check_step_result
+from marl_runner.envs.checks import EnvOutputCheck, check_reset_result, check_step_result
 from marl_runner.envs.errors import EnvError
 from marl_runner.envs.multi_agent_env import AgentID, MultiAgentDict, MultiAgentEnv
 
@@ -34,12 +34,23 @@ class SyncVectorEnv(BaseEnv):
     a sub-env that raised is recreated via `make_one` before its next reset,
     unless the runner already called `try_restart` for it.
 
+    Bad output (see `checks`: malformed dicts, undeclared agents, non-finite
+    rewards, with `check_env_outputs` obs outside their space) is an
+    `EnvError` naming sub-env, agent and field. With `restart_failed` it is
+    that sub-env's entry, like a crash; without, `poll` raises it once the
+    round is over, and the next `poll` returns the others' results and the
+    bad sub-env's failure entry. Nothing is lost when `poll` is interrupted
+    (KeyboardInterrupt) either: sub-envs not stepped yet keep their actions,
+    results already read wait for the next `poll`, and the sub-env whose
+    `step` was interrupted (its state unknown) fails with an `EnvError`.
+
     Args:
         make_one: builds sub-env `index`.
         num_envs: number of sub-envs.
         seed: sub-env i's first reset gets `seed + i`; later resets are
             unseeded, so the whole run is reproducible from `seed`.
         restart_failed: recreate crashed sub-envs automatically.
+        check_env_outputs: also check every obs against its agent's space.
     """
 
     def __init__(
@@ -48,6 +59,7 @@ class SyncVectorEnv(BaseEnv):
         num_envs: int,
         seed: int | None = None,
         restart_failed: bool = False,
+        check_env_outputs: bool = False,
     ) -> None:
         if not isinstance(num_envs, int) or num_envs < 1:
             raise EnvError(f"num_envs {num_envs!r}: expected an int >= 1")
@@ -55,39 +67,65 @@ class SyncVectorEnv(BaseEnv):
         self._make_one = make_one
         self._seeds = ResetSeeds(seed, num_envs)
         self._restart_failed = restart_failed
-        self.envs = [make_one(env_id) for env_id in range(num_envs)]
+        self._check_spaces = check_env_outputs
+        self.envs: list[MultiAgentEnv] = []
+        self._checks: list[EnvOutputCheck] = []
+        for env_id in range(num_envs):
+            env = make_one(env_id)
+            self.envs.append(env)
+            self._checks.append(EnvOutputCheck(env, env_id, check_env_outputs))
         self._crashed: set[EnvID] = set()
         self._pending_actions: dict[EnvID, MultiAgentDict] = {}
-        self._started = False
+        #: Sub-envs whose first reset is still to come (all of them until the first poll).
+        self._unstarted = list(range(num_envs))
+        #: Results of this round read so far (kept when `poll` is interrupted).
+        self._ready: PollResult = ({}, {}, {}, {}, {}, {})
         self._stopped = False
 
     def poll(self) -> PollResult:
-        poll: PollResult = ({}, {}, {}, {}, {}, {})
-        if not self._started:
-            self._started = True
-            for env_id in range(self.num_envs):
-                put_reset(poll, env_id, *self.try_reset(env_id))
-            return poll
-        obs, rewards, terminateds, truncateds, infos, off_policy_actions = poll
-        actions, self._pending_actions = self._pending_actions, {}
+        ready = self._ready
+        bad_output: EnvError | None = None
+        unstarted = self._unstarted
+        while unstarted:
+            env_id = unstarted[0]
+            obs, infos = self._reset(env_id, None, None, ready)
+            put_reset(ready, env_id, obs, infos)
+            del unstarted[0]
+            if isinstance(obs, EnvError) and not self._restart_failed:
+                bad_output = bad_output or obs
+        actions = self._pending_actions
         envs = self.envs
-        for env_id, env_actions in actions.items():
+        while actions:
+            env_id, env_actions = next(iter(actions.items()))
+            del actions[env_id]
             env = envs[env_id]
             try:
                 result = env.step(env_actions)
-            except Exception as exc:
-                self._note_crash(env_id)
-                put_failure(poll, env_id, exc)
+                obs, rewards, terminateds, truncateds, infos = check_step_result(
+                    result, env_id, env
+                )
+                self._checks[env_id].step(obs, rewards, terminateds, truncateds)
+            except EnvError as error:
+                self._fail(ready, env_id, error)
+                if not self._restart_failed:
+                    bad_output = bad_output or error
                 continue
-            (
-                obs[env_id],
-                rewards[env_id],
-                terminateds[env_id],
-                truncateds[env_id],
-                infos[env_id],
-            ) = check_step_result(result, env_id, env)
-            off_policy_actions[env_id] = {}
-        return poll
+            except Exception as error:
+                self._fail(ready, env_id, error)
+                continue
+            except BaseException as interruption:
+                self._fail(ready, env_id, _interrupted(env_id, "step", interruption))
+                raise
+            ready[0][env_id] = obs
+            ready[1][env_id] = rewards
+            ready[2][env_id] = terminateds
+            ready[3][env_id] = truncateds
+            ready[4][env_id] = infos
+            ready[5][env_id] = {}
+        if bad_output is not None:
+            raise bad_output
+        self._ready = ({}, {}, {}, {}, {}, {})
+        return ready
 
     def send_actions(self, actions: dict[EnvID, MultiAgentDict]) -> None:
         for env_id in actions:
@@ -102,19 +140,16 @@ class SyncVectorEnv(BaseEnv):
         seed: int | None = None,
         options: dict[str, Any] | None = None,
     ) -> tuple[MultiAgentDict | Exception, MultiAgentDict]:
-        if env_id in self._crashed:
-            self.try_restart(env_id)
-        env = self.envs[env_id]
-        try:
-            result = env.reset(seed=self._seeds.for_reset(env_id, seed), options=options)
-        except Exception as exc:
-            self._note_crash(env_id)
-            return exc, {}
-        return check_reset_result(result, env_id, env)
+        obs, infos = self._reset(env_id, seed, options)
+        if isinstance(obs, EnvError) and not self._restart_failed:
+            raise obs
+        return obs, infos
 
     def try_restart(self, env_id: EnvID) -> None:
         close_quietly(self.envs[env_id], env_id)
-        self.envs[env_id] = self._make_one(env_id)
+        env = self._make_one(env_id)
+        self.envs[env_id] = env
+        self._checks[env_id] = EnvOutputCheck(env, env_id, self._check_spaces)
         self._seeds.recreated(env_id)
         self._crashed.discard(env_id)
 
@@ -141,6 +176,50 @@ class SyncVectorEnv(BaseEnv):
     def get_action_space(self, agent: AgentID) -> gym.Space:
         return self.envs[0].get_action_space(agent)
 
+    def _reset(
+        self,
+        env_id: EnvID,
+        seed: int | None,
+        options: dict[str, Any] | None,
+        ready: PollResult | None = None,
+    ) -> tuple[MultiAgentDict | Exception, MultiAgentDict]:
+        """Reset one sub-env (recreating it first if it crashed); a failure is the obs.
+
+        An interruption fails the sub-env (into `ready`, when given) and propagates.
+        """
+        if env_id in self._crashed:
+            self.try_restart(env_id)
+        env = self.envs[env_id]
+        try:
+            result = env.reset(seed=self._seeds.for_reset(env_id, seed), options=options)
+            obs, infos = check_reset_result(result, env_id, env)
+            self._checks[env_id].reset(obs)
+        except Exception as error:
+            self._note_crash(env_id)
+            return error, {}
+        except BaseException as interruption:
+            error = _interrupted(env_id, "reset", interruption)
+            if ready is not None:
+                self._fail(ready, env_id, error)
+            else:
+                self._note_crash(env_id)
+            raise
+        return obs, infos
+
+    def _fail(self, ready: PollResult, env_id: EnvID, error: Exception) -> None:
+        self._note_crash(env_id)
+        put_failure(ready, env_id, error)
+
     def _note_crash(self, env_id: EnvID) -> None:
         if self._restart_failed:
             self._crashed.add(env_id)
+
+
+def _interrupted(env_id: EnvID, call: str, interruption: BaseException) -> EnvError:
+    """The failure entry of a sub-env whose `call` was cut short: its state is unknown."""
+    error = EnvError(
+        f"sub-env {env_id}: its {call} was interrupted by {type(interruption).__name__}; "
+        "its state is unknown, so its episode is dropped"
+    )
+    error.__cause__ = interruption
+    return error
