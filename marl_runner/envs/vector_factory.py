@@ -11,14 +11,14 @@ from marl_runner.envs.registry import EnvFactory
 from marl_runner.envs.subprocess_vector_env import SubprocessVectorEnv
 from marl_runner.envs.sync_vector_env import SyncVectorEnv
 
-VECTORIZE_CHOICES = ("sync", "subprocess")
+VECTORIZE_CHOICES = ("sync", "subprocess", "ray")
 
 
 def make_vector_env(config: Any) -> BaseEnv:
     """Build the vector env described by a runner config.
 
     `config` is any object (or mapping) with `env` (name/config/api),
-    `num_envs`, `seed`, `vectorize` (`sync` | `subprocess`) and
+    `num_envs`, `seed`, `vectorize` (`sync` | `subprocess` | `ray`) and
     `restart_failed_sub_environments`; `num_workers`, `async_poll` and
     `pin_workers` are read for `subprocess` when present.
     """
@@ -38,6 +38,22 @@ def make_vector_env(config: Any) -> BaseEnv:
             num_workers=_field(config, "num_workers", None),
             async_poll=bool(_field(config, "async_poll", False)),
             pin_workers=bool(_field(config, "pin_workers", True)),
+        )
+    if vectorize == "ray":
+        try:  # lazily: Ray is an optional extra
+            from marl_runner.envs.ray_vector_env import RayVectorEnv
+        except ImportError as exc:
+            raise EnvError(
+                f"vectorize 'ray' needs Ray ({exc}); install it with: pip install 'marl-runner[ray]'"
+            ) from exc
+        return RayVectorEnv(
+            factory,
+            num_envs,
+            seed=seed,
+            restart_failed=restart_failed,
+            num_cpus=_field(config, "remote_env_num_cpus", 0),
+            batch_wait_ms=_field(config, "remote_env_batch_wait_ms", 0),
+            step_timeout_s=_field(config, "sub_env_step_timeout_s", 60.0),
         )
     raise EnvError(f"vectorize {vectorize!r}: expected one of {list(VECTORIZE_CHOICES)}")
 

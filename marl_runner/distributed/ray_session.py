@@ -1,0 +1,48 @@
+"""Join a Ray cluster or start a local one, and end only what was started here."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+
+logger = logging.getLogger(__name__)
+
+
+def connect_ray(address: str | None = None, *, num_cpus: int | None = None) -> bool:
+    """Make sure this process is connected to Ray; True when this call connected it.
+
+    With `address` (e.g. "auto", "10.0.0.1:6379", "ray://head:10001") it
+    joins that cluster. Without one it joins the cluster that `ray start
+    --head` runs on this machine (or `RAY_ADDRESS`), else starts a local
+    Ray with `num_cpus` CPUs (default: all). An existing connection is
+    reused and False returned, so the caller must not shut it down.
+    """
+    import ray
+
+    if ray.is_initialized():
+        return False
+    options = {"include_dashboard": False, "logging_level": logging.WARNING}
+    if address is not None:
+        ray.init(address=address, **options)
+        return True
+    try:
+        ray.init(num_cpus=num_cpus, **options)
+    except ValueError:
+        # An existing cluster was found: its resources are fixed, num_cpus must not be given.
+        ray.init(**options)
+    return True
+
+
+@contextlib.contextmanager
+def ray_session(address: str | None = None, *, num_cpus: int | None = None) -> Iterator[None]:
+    """`connect_ray` for a block; on leaving, disconnects (ending a local Ray it started)
+    only when it connected."""
+    connected = connect_ray(address, num_cpus=num_cpus)
+    try:
+        yield
+    finally:
+        if connected:
+            import ray
+
+            ray.shutdown()
