@@ -10,3 +10,11 @@ class EnvError(ValueError):
     together with other bad values; the message always names the env (or
     sub-env) and what was expected.
     """
+
+
+class SubEnvTimeoutError(EnvError):
+    """A sub-env's step or reset took longer than `sub_env_step_timeout_s`.
+
+    It is that sub-env's failure entry in `poll` (its worker was killed), so
+    that a hung simulator costs one episode, not the run.
+    """

@@ -9,6 +9,7 @@ its next request, which is what makes reusing the block safe.
 
 from __future__ import annotations
 
+import os
 from multiprocessing import shared_memory
 from typing import NamedTuple
 
@@ -18,6 +19,7 @@ from marl_runner.envs.multi_agent_env import AgentID, MultiAgentDict
 
 _ALIGNMENT = 64
 _MIN_CAPACITY = 1 << 16
+_SHM_DIR = "/dev/shm"
 
 
 class SharedObs(NamedTuple):
@@ -30,12 +32,18 @@ class SharedObs(NamedTuple):
 
 
 class SharedObsWriter:
-    """Worker side: packs obs dicts into a shared-memory block that grows as needed."""
+    """Worker side: packs obs dicts into a shared-memory block that grows as needed.
 
-    def __init__(self) -> None:
+    With `name_prefix`, blocks are named `name_prefix` + a counter, so that
+    whoever kills the worker can find and free them (`unlink_blocks`).
+    """
+
+    def __init__(self, name_prefix: str | None = None) -> None:
         self.block: shared_memory.SharedMemory | None = None
         self._used = 0
         self._renamed = False
+        self._name_prefix = name_prefix
+        self._blocks_made = 0
 
     def start_reply(self) -> None:
         """Begin filling the block afresh (the parent has copied the last reply out)."""
@@ -80,7 +88,11 @@ class SharedObsWriter:
         return offset
 
     def _grow(self, capacity: int) -> None:
-        bigger = shared_memory.SharedMemory(create=True, size=capacity)
+        name = None
+        if self._name_prefix is not None:
+            name = f"{self._name_prefix}{self._blocks_made}"
+            self._blocks_made += 1
+        bigger = shared_memory.SharedMemory(name=name, create=True, size=capacity)
         if self.block is not None:
             bigger.buf[: self._used] = self.block.buf[: self._used]
             self.close()
@@ -116,3 +128,25 @@ class SharedObsReader:
                 except FileNotFoundError:
                     pass
             self.block = None
+
+
+def unlink_blocks(name_prefix: str) -> list[str]:
+    """Free every block a (killed) writer with `name_prefix` left; returns their names.
+
+    Linux keeps POSIX shared memory under /dev/shm; elsewhere this finds nothing.
+    """
+    try:
+        names = [name for name in os.listdir(_SHM_DIR) if name.startswith(name_prefix)]
+    except OSError:
+        return []
+    for name in names:
+        try:
+            block = shared_memory.SharedMemory(name=name)
+        except (FileNotFoundError, ValueError, OSError):
+            continue
+        block.close()
+        try:
+            block.unlink()  # also tells the resource tracker it is gone
+        except FileNotFoundError:
+            pass
+    return names

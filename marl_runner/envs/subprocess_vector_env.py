@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing as mp
 import os
 import pickle
@@ -10,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
-from time import perf_counter
+from time import monotonic, perf_counter
 from typing import Any
 
 import gymnasium as gym
@@ -24,9 +25,9 @@ from marl_runner.envs.base_env import (
     put_failure,
     put_reset,
 )
-from marl_runner.envs.errors import EnvError
+from marl_runner.envs.errors import EnvError, SubEnvTimeoutError
 from marl_runner.envs.multi_agent_env import AgentID, MultiAgentDict, MultiAgentEnv
-from marl_runner.envs.shared_obs import SharedObs, SharedObsReader
+from marl_runner.envs.shared_obs import SharedObs, SharedObsReader, unlink_blocks
 from marl_runner.envs.subprocess_worker import (
     Crash,
     Malformed,
@@ -38,53 +39,79 @@ from marl_runner.envs.subprocess_worker import (
 # Never "fork": the parent usually holds torch threads, which a fork can deadlock.
 START_METHOD = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
 _SHUTDOWN_TIMEOUT_S = 5.0
+_vector_envs_made = itertools.count()
+
+
+@dataclass
+class _InFlight:
+    """A request whose reply is still to be read; one per worker at a time (the
+    worker reuses its shared-memory block for the next reply)."""
+
+    #: "start" (first resets), "step", "reset", "restart" or "render".
+    kind: str
+    #: step/start/reset: `[(env_id, ...), ...]`; restart/render: the env_id.
+    request: Any
+    sent_at: float
 
 
 class _Worker:
     """The parent's handle on one worker process and the sub-envs it runs."""
 
     def __init__(
-        self, index: int, env_ids: list[EnvID], process: BaseProcess, conn: Connection
+        self,
+        index: int,
+        env_ids: list[EnvID],
+        process: BaseProcess,
+        conn: Connection,
+        block_prefix: str,
+        progress: Any,
     ) -> None:
         self.index = index
         self.env_ids = env_ids
         self.process = process
         self.conn = conn
+        self.block_prefix = block_prefix
+        #: `[env_id or -1, monotonic start]` of the env call the worker is in.
+        self.progress = progress
         self.obs_reader = SharedObsReader()
         self.alive = True
-        #: The step request (`[(env_id, actions), ...]`) whose reply is still
-        #: in the pipe (asynchronous mode only; at most one at a time).
-        self.in_flight: list[tuple[EnvID, MultiAgentDict]] | None = None
+        self.in_flight: _InFlight | None = None
+        #: A reply read but not yet entered (an interruption came in between).
+        self.unread: tuple[_InFlight, bytes] | None = None
+        #: The reply to the last restart/render request.
+        self.reply: Any = None
 
-    def death_error(self) -> EnvError:
-        """Mark the worker dead (reaping the process) and describe its death."""
+    def describe(self) -> str:
+        return f"worker {self.index} (pid {self.process.pid}) running sub-envs {self.env_ids}"
+
+    def kill(self) -> None:
+        """End the process however it is, reap it, free its pipe and shared memory."""
         self.alive = False
-        self.process.join(timeout=_SHUTDOWN_TIMEOUT_S)
-        self.conn.close()
-        self.obs_reader.detach(unlink=True)  # the worker had no chance to free it
-        return EnvError(
-            f"worker {self.index} (pid {self.process.pid}) running sub-envs {self.env_ids} "
-            f"died (exit code {self.process.exitcode})"
-        )
-
-    def shut_down(self) -> None:
-        """Ask the worker to close its envs and exit; kill it if it does not."""
-        if self.alive:
-            self.alive = False
-            try:
-                send(self.conn, ("close", None))
-                # Replies come in request order: an unread step reply precedes the close's.
-                for _ in range(2 if self.in_flight is not None else 1):
-                    if self.conn.poll(_SHUTDOWN_TIMEOUT_S):
-                        self.conn.recv_bytes()
-            except (OSError, EOFError):
-                pass  # already gone: joining below reaps it
-            self.conn.close()
-        self.obs_reader.detach()
-        self.process.join(timeout=_SHUTDOWN_TIMEOUT_S)
         if self.process.is_alive():
             self.process.kill()
-            self.process.join()
+        self.process.join(timeout=_SHUTDOWN_TIMEOUT_S)
+        self.conn.close()
+        self.obs_reader.detach()
+        unlink_blocks(self.block_prefix)
+
+    def shut_down(self) -> None:
+        """Ask the worker to close its envs and exit; kill it if it does not in time."""
+        try:
+            if self.alive:
+                self.alive = False
+                deadline = monotonic() + _SHUTDOWN_TIMEOUT_S
+                try:
+                    send(self.conn, ("close", None))
+                    # Replies come in request order: an unread reply precedes the close's.
+                    for _ in range(2 if self.in_flight is not None else 1):
+                        if not self.conn.poll(max(deadline - monotonic(), 0.0)):
+                            break
+                        self.conn.recv_bytes()
+                except (OSError, EOFError):
+                    pass  # already gone
+                self.process.join(timeout=max(deadline - monotonic(), 0.1))
+        finally:
+            self.kill()
 
 
 @dataclass
@@ -119,7 +146,10 @@ class SubprocessStats:
 
 def _shut_down_all(workers: list[_Worker]) -> None:
     for worker in workers:
-        worker.shut_down()
+        try:
+            worker.shut_down()
+        except Exception:  # one worker's trouble must not leave the others running
+            continue
 
 
 class SubprocessVectorEnv(BaseEnv):
@@ -156,10 +186,36 @@ class SubprocessVectorEnv(BaseEnv):
     reply is read, before the worker's next request.
 
     A sub-env exception becomes that sub-env's Exception entry, with the
-    worker's traceback in its `__notes__`. A worker that dies turns each of
-    its sub-envs stepped that round into an `EnvError` entry naming worker and
-    sub-envs. Resetting a dead worker's sub-env recreates the worker when
-    `restart_failed` (or after `try_restart`), else raises `EnvError`.
+    worker's traceback in its `__notes__`. A worker that dies (`os._exit`,
+    SIGKILL from outside) turns each of its sub-envs stepped that round into
+    an `EnvError` entry naming worker and sub-envs. Resetting a dead
+    worker's sub-env recreates the worker when `restart_failed` (or after
+    `try_restart`), else raises `EnvError`.
+
+    Hangs: with `step_timeout_s`, a sub-env whose `step` or `reset` runs
+    longer than that gets a `SubEnvTimeoutError` entry and its worker is
+    killed (nothing else can stop a hung call). The other sub-envs of that
+    worker lose their episodes with it: those stepped in the same request
+    get an `EnvError` entry saying why, and a sub-env of a recreated worker
+    that is stepped before it was reset fails the same way. Their episodes
+    are dropped and counted as faulty, never continued on a fresh env or
+    lost without a word; one worker per sub-env (`num_workers=num_envs`)
+    confines a hang to its own sub-env.
+
+    Bad output (see `checks`: malformed dicts, undeclared agents,
+    non-finite rewards, with `check_env_outputs` obs outside their space) is
+    checked in the worker and is an `EnvError` naming sub-env, agent and
+    field: that sub-env's entry with `restart_failed`; otherwise `poll` (or
+    `try_reset`) raises it once every reply of the round is read, and the
+    next `poll` returns the others' results with the bad sub-env's entry.
+
+    Interruptions (KeyboardInterrupt) and other exceptions out of `poll`,
+    `send_actions` or `try_reset` never leave a reply unread for a later
+    call: sent requests stay in flight and a retried call collects them,
+    results already read are kept for the next `poll`, and a worker whose
+    pipe may hold half a message is killed (its sub-envs fail as above).
+    Shared-memory blocks are named per worker, so a killed worker's blocks
+    are freed too.
 
     `stats` (a `SubprocessStats`) tells where the time goes: waiting, IPC,
     env steps in the workers.
@@ -173,6 +229,9 @@ class SubprocessVectorEnv(BaseEnv):
             their next reset.
         num_workers: processes to use; default `min(num_envs, os.cpu_count())`.
         async_poll: the asynchronous protocol (see above).
+        check_env_outputs: also check every obs against its agent's space.
+        step_timeout_s: seconds a sub-env's `step` or `reset` may take
+            (None: wait forever; a Ctrl-C still stops the wait).
         pin_workers: when the workers and this process fill the CPUs this
             process may use (`num_workers` or `num_workers + 1` of them, at
             least 2), pin worker i to the i-th of them and make it a
@@ -191,6 +250,8 @@ class SubprocessVectorEnv(BaseEnv):
         num_workers: int | None = None,
         async_poll: bool = False,
         pin_workers: bool = True,
+        check_env_outputs: bool = False,
+        step_timeout_s: float | None = None,
     ) -> None:
         if not isinstance(num_envs, int) or num_envs < 1:
             raise EnvError(f"num_envs {num_envs!r}: expected an int >= 1")
@@ -200,6 +261,8 @@ class SubprocessVectorEnv(BaseEnv):
             raise EnvError(
                 f"num_workers {num_workers!r}: expected an int in [1, num_envs={num_envs}]"
             )
+        if step_timeout_s is not None and not step_timeout_s > 0:
+            raise EnvError(f"step_timeout_s {step_timeout_s!r}: expected a number > 0 or None")
         try:
             pickle.dumps(make_one)
         except Exception as error:
@@ -209,15 +272,19 @@ class SubprocessVectorEnv(BaseEnv):
             ) from error
         self.num_envs = num_envs
         self.async_poll = bool(async_poll)
+        self.step_timeout_s = step_timeout_s
         self.stats = SubprocessStats()
         self._make_one = make_one
         self._seeds = ResetSeeds(seed, num_envs)
         self._restart_failed = restart_failed
+        self._check_spaces = bool(check_env_outputs)
         self._context = mp.get_context(START_METHOD)
         if START_METHOD == "forkserver":
             # Workers fork from a server that imported this package once,
             # instead of each importing numpy, pettingzoo (and torch) anew.
             self._context.set_forkserver_preload([worker_main.__module__])
+        self._block_prefix = f"mr{os.getpid()}v{next(_vector_envs_made)}"
+        self._launches = itertools.count()
         env_blocks = [
             list(range(num_envs * w // num_workers, num_envs * (w + 1) // num_workers))
             for w in range(num_workers)
@@ -226,20 +293,28 @@ class SubprocessVectorEnv(BaseEnv):
         self._worker_cpus = _worker_cpus(num_workers) if pin_workers else [None] * num_workers
         self._workers: list[_Worker] = []
         self._finalizer = weakref.finalize(self, _shut_down_all, self._workers)
-        self._workers.extend(self._launch(w, block) for w, block in enumerate(env_blocks))
         try:
+            for w, block in enumerate(env_blocks):
+                self._workers.append(self._launch(w, block))
             for worker in self._workers:
                 self._await_ready(worker)
         except BaseException:
             self._finalizer()
             raise
         self._crashed: set[EnvID] = set()
+        #: Sub-envs of a recreated worker not reset since: stepping one fails it.
+        self._stale: set[EnvID] = set()
         self._pending_actions: dict[EnvID, MultiAgentDict] = {}
         #: Reset results (obs already copied out) sent with an episode's last step.
         self._prefetched: dict[EnvID, Any] = {}
-        #: Asynchronous mode: results read but not yet returned by `poll`.
+        #: Replies to reset requests, until `try_reset` takes them.
+        self._reset_replies: dict[EnvID, Any] = {}
+        #: Results read but not yet returned by `poll`.
         self._ready: PollResult = _empty_poll()
-        self._started = False
+        #: Bad output found while reading this round's replies (restarts off): raised by poll.
+        self._bad_output: EnvError | None = None
+        #: Workers whose sub-envs' first resets are still to be asked for.
+        self._to_start = list(self._workers)
         self._probe_env: MultiAgentEnv | None = None
 
     def reset_stats(self) -> SubprocessStats:
@@ -248,35 +323,30 @@ class SubprocessVectorEnv(BaseEnv):
         return stats
 
     def poll(self) -> PollResult:
-        if not self._started:
-            self._started = True
-            poll = _empty_poll()
-            requests = [
-                [(env_id, self._seeds.for_reset(env_id), None) for env_id in worker.env_ids]
-                for worker in self._workers
-            ]
-            results = self._exchange("reset", requests)
-            for env_id in range(self.num_envs):
-                put_reset(poll, env_id, *self._reset_outcome(env_id, results[env_id]))
-            return poll
+        if self._to_start:
+            while self._to_start:
+                worker = self._to_start[0]
+                request = [
+                    (env_id, self._seeds.for_reset(env_id), None) for env_id in worker.env_ids
+                ]
+                del self._to_start[0]
+                self._send(worker, "start", request)
+            self._collect_all()
+            return self._take_ready()
         self.stats.polls += 1
         if self.async_poll:
             return self._poll_ready()
-
-        poll = _empty_poll()
-        actions, self._pending_actions = self._pending_actions, {}
-        if not actions:
-            return poll
-        requests: list[list[Any]] = [[] for _ in self._workers]
-        worker_of_env = self._worker_of_env
-        for env_id, env_actions in actions.items():
-            requests[worker_of_env[env_id]].append((env_id, env_actions))
-        # Read every reply before entering any: a malformed result raises, and the
-        # other workers must not be left with unread replies.
-        replies = [self._receive(worker) for worker in self._send_steps(requests, poll)]
-        for reply in replies:
-            self._enter(poll, *reply)
-        return poll
+        actions = self._pending_actions
+        if actions:
+            requests: list[list[Any]] = [[] for _ in self._workers]
+            worker_of_env = self._worker_of_env
+            for env_id, env_actions in actions.items():
+                requests[worker_of_env[env_id]].append((env_id, env_actions))
+            for worker, request in zip(self._workers, requests):
+                if request:
+                    self._send_step(worker, request, actions)
+        self._collect_all()
+        return self._take_ready()
 
     def send_actions(self, actions: dict[EnvID, MultiAgentDict]) -> None:
         prefetched = self._prefetched
@@ -293,11 +363,8 @@ class SubprocessVectorEnv(BaseEnv):
         for env_id, env_actions in actions.items():
             requests[worker_of_env[env_id]].append((env_id, env_actions))
         for worker, request in zip(self._workers, requests):
-            if request and worker.in_flight is not None:
-                # Only when a caller sends a worker's sub-envs actions while others of
-                # it are still stepping (a runner never does): one request at a time.
-                self._collect(worker, self._ready)
-        self._send_steps(requests, self._ready)
+            if request:
+                self._send_step(worker, request)
 
     def try_reset(
         self,
@@ -308,7 +375,11 @@ class SubprocessVectorEnv(BaseEnv):
     ) -> tuple[MultiAgentDict | Exception, MultiAgentDict]:
         if env_id in self._crashed:
             self.try_restart(env_id)
+        self._stale.discard(env_id)
         seed = self._seeds.for_reset(env_id, seed)
+        replied = self._reset_replies.pop(env_id, None)  # an interrupted try_reset's
+        if replied is not None:
+            return self._reset_outcome(env_id, replied)
         prefetched = self._prefetched.pop(env_id, None)
         if prefetched is not None and seed is None and options is None:
             self.stats.prefetched_resets += 1
@@ -319,32 +390,36 @@ class SubprocessVectorEnv(BaseEnv):
                 f"sub-env {env_id} cannot be reset: its worker {worker.index} died; "
                 "enable restart_failed_sub_environments to recreate it"
             )
-        self._settle(worker)
-        requests: list[list[Any]] = [[] for _ in self._workers]
-        requests[worker.index] = [(env_id, seed, options)]
         self.stats.reset_round_trips += 1
-        result = self._exchange("reset", requests)[env_id]
-        return self._reset_outcome(env_id, result)
+        self._send(worker, "reset", [(env_id, seed, options)])
+        self._collect(worker)
+        return self._reset_outcome(env_id, self._reset_replies.pop(env_id))
 
     def try_restart(self, env_id: EnvID) -> None:
         """Recreate the sub-env in its worker, or the whole worker if it died."""
         worker = self._workers[self._worker_of_env[env_id]]
         if worker.alive:
-            reply = self._request(worker, ("restart", env_id))
-            if isinstance(reply, Crash):
-                raise EnvError(f"sub-env {env_id}: recreating it failed") from reply.error
+            reply = self._request(worker, "restart", env_id)
             if worker.alive:
+                if isinstance(reply, Crash):
+                    raise EnvError(f"sub-env {env_id}: recreating it failed") from reply.error
                 self._note_recreated([env_id])
                 return
         replacement = self._launch(worker.index, worker.env_ids)
         self._workers[worker.index] = replacement
-        self._await_ready(replacement)
+        try:
+            self._await_ready(replacement)
+        except BaseException:
+            replacement.kill()
+            raise
         self._note_recreated(worker.env_ids)
+        # The worker's other sub-envs are new, unreset envs now.
+        self._stale.update(e for e in worker.env_ids if e != env_id)
 
     def try_render(self, env_id: EnvID | None = None) -> Any:
         env_id = 0 if env_id is None else env_id
         worker = self._workers[self._worker_of_env[env_id]]
-        reply = self._request(worker, ("render", env_id))
+        reply = self._request(worker, "render", env_id)
         if not worker.alive:
             raise EnvError(f"sub-env {env_id} cannot be rendered: its worker {worker.index} died")
         if isinstance(reply, Crash):
@@ -374,219 +449,341 @@ class SubprocessVectorEnv(BaseEnv):
             self._probe_env = self._make_one(0)
         return self._probe_env
 
+    # ---- workers
+
     def _launch(self, index: int, env_ids: list[EnvID]) -> _Worker:
         parent_conn, child_conn = self._context.Pipe()
+        block_prefix = f"{self._block_prefix}w{index}g{next(self._launches)}b"
+        progress = self._context.RawArray("d", [-1.0, 0.0])
         process = self._context.Process(
             target=worker_main,
-            args=(child_conn, self._make_one, env_ids, index, self._worker_cpus[index]),
+            args=(
+                child_conn,
+                self._make_one,
+                env_ids,
+                index,
+                self._worker_cpus[index],
+                block_prefix,
+                progress,
+                self._check_spaces,
+            ),
             name=f"marl-runner-env-worker-{index}",
             daemon=True,
         )
         process.start()
         child_conn.close()
-        return _Worker(index, env_ids, process, parent_conn)
+        return _Worker(index, env_ids, process, parent_conn, block_prefix, progress)
 
     def _await_ready(self, worker: _Worker) -> None:
         try:
             reply = receive(worker.conn)
         except (EOFError, OSError):
+            worker.kill()
             raise EnvError(
-                f"{worker.death_error()} before creating its sub-envs; see its stderr. "
-                "A script that starts worker processes must guard its entry point with "
-                "`if __name__ == '__main__':`, and cannot be read from stdin"
+                f"{worker.describe()} died (exit code {worker.process.exitcode}) before "
+                "creating its sub-envs; see its stderr. A script that starts worker processes "
+                "must guard its entry point with `if __name__ == '__main__':`, and cannot be "
+                "read from stdin"
             ) from None
         if reply != "ready":
             raise EnvError(
                 f"worker {worker.index} could not create its sub-envs {worker.env_ids}: {reply.error}"
             ) from reply.error
 
-    # ---- asynchronous protocol
+    def _lose(self, worker: _Worker, reason: str | None = None, hung: EnvID | None = None) -> None:
+        """Kill `worker`; the sub-envs of its unanswered request fail, saying why.
+
+        `reason` None: it died on its own. `hung`: the sub-env that timed out.
+        """
+        in_flight, worker.in_flight = worker.in_flight, None
+        worker.unread = None
+        worker.reply = None
+        worker.kill()
+        if reason is None:
+            reason = f"{worker.describe()} died (exit code {worker.process.exitcode})"
+        if self._restart_failed:
+            self._crashed.update(worker.env_ids)
+        for env_id in worker.env_ids:
+            self._prefetched.pop(env_id, None)
+        if in_flight is None or in_flight.kind in ("restart", "render"):
+            return
+
+        def error_for(env_id: EnvID) -> EnvError:
+            if hung is None:
+                return EnvError(reason)
+            if env_id == hung:
+                return SubEnvTimeoutError(reason)
+            return EnvError(
+                f"sub-env {env_id}: its episode is dropped because its worker {worker.index} "
+                f"was killed: {reason}"
+            )
+
+        for env_id, *_ in in_flight.request:
+            if in_flight.kind == "reset":
+                self._reset_replies[env_id] = Crash(error_for(env_id))
+            else:
+                self._fail(env_id, error_for(env_id))
+
+    # ---- sending
+
+    def _send(self, worker: _Worker, kind: str, request: Any) -> bool:
+        """Send one request (after reading the worker's last reply); False if the
+        worker is dead, whose sub-envs then fail in the next poll."""
+        if worker.in_flight is not None or worker.unread is not None:
+            self._collect(worker)
+        if not worker.alive:
+            if kind in ("step", "start"):
+                error = EnvError(f"{worker.describe()} is dead")
+                for env_id, *_ in request:
+                    self._fail(env_id, error)
+            elif kind == "reset":
+                for env_id, *_ in request:
+                    self._reset_replies[env_id] = Crash(EnvError(f"{worker.describe()} is dead"))
+            return False
+        start = perf_counter()
+        try:
+            worker.in_flight = _InFlight(kind, request, monotonic())
+            send(worker.conn, ("reset" if kind == "start" else kind, request))
+        except OSError:
+            self._lose(worker)
+            return False
+        except BaseException as interruption:
+            self._lose(
+                worker,
+                f"{worker.describe()} was killed: sending it a request was "
+                f"interrupted by {type(interruption).__name__}",
+            )
+            raise
+        self.stats.parent_ipc_s += perf_counter() - start
+        return True
+
+    def _send_step(
+        self,
+        worker: _Worker,
+        request: list[tuple[EnvID, MultiAgentDict]],
+        pending: dict[EnvID, MultiAgentDict] | None = None,
+    ) -> None:
+        """Send a worker its sub-envs' actions, taking them out of `pending` once sent.
+
+        Sub-envs of a recreated worker that were not reset since fail instead.
+        """
+        stale = self._stale
+        if stale:
+            for env_id, _ in request:
+                if env_id in stale:
+                    self._fail(
+                        env_id,
+                        EnvError(
+                            f"sub-env {env_id} was recreated with its worker {worker.index} (after "
+                            "another of its sub-envs failed) and stepped without a reset; its "
+                            "episode is dropped"
+                        ),
+                    )
+            request = [item for item in request if item[0] not in stale]
+        if request and self._send(worker, "step", request):
+            self.stats.step_requests += 1
+        if pending is not None:
+            for env_id, _ in request:
+                pending.pop(env_id, None)
+
+    def _request(self, worker: _Worker, kind: str, env_id: EnvID) -> Any:
+        """One restart/render request and its reply; None (the worker marked dead) if it died."""
+        if not self._send(worker, kind, env_id):
+            return None
+        self._collect(worker)
+        reply, worker.reply = worker.reply, None
+        return reply
+
+    # ---- receiving
+
+    def _collect_all(self) -> None:
+        for worker in self._workers:
+            if worker.in_flight is not None or worker.unread is not None:
+                self._collect(worker)
 
     def _poll_ready(self) -> PollResult:
         """The results read so far plus those of every worker ready now; waits
         for one when there are none (and some worker is stepping)."""
-        poll, self._ready = self._ready, _empty_poll()
         busy = [worker for worker in self._workers if worker.in_flight is not None]
-        if not busy:
-            return poll
-        start = perf_counter()
-        ready = wait([worker.conn for worker in busy], timeout=0 if poll[0] else None)
-        self.stats.parent_wait_s += perf_counter() - start
-        for worker in busy:
-            if worker.conn in ready:
-                self._collect(worker, poll)
+        for worker in self._workers:
+            if worker.unread is not None:
+                self._collect(worker)
+        if busy and not self._ready[0]:
+            start = perf_counter()
+            while busy and not self._ready[0]:
+                ready = wait([worker.conn for worker in busy], timeout=self._wait_s(busy))
+                for worker in busy:
+                    if worker.conn in ready:
+                        self._collect(worker)
+                    else:
+                        self._time_out_if_late(worker)
+                busy = [worker for worker in busy if worker.in_flight is not None]
+            self.stats.parent_wait_s += perf_counter() - start
+        elif busy:
+            for worker in busy:
+                if worker.conn in wait([worker.conn], timeout=0):
+                    self._collect(worker)
+        return self._take_ready()
+
+    def _take_ready(self) -> PollResult:
+        """This round's results; raises the bad output found instead (keeping the results)."""
+        if self._bad_output is not None:
+            error, self._bad_output = self._bad_output, None
+            raise error
+        poll, self._ready = self._ready, _empty_poll()
         return poll
 
-    def _settle(self, worker: _Worker) -> None:
-        """Read the worker's outstanding step reply (into the next poll's results),
-        so that another request can follow."""
-        if worker.in_flight is not None:
-            self._collect(worker, self._ready)
+    def _deadline(self, worker: _Worker) -> float:
+        """When the worker's current env call (or the request) runs out of time."""
+        assert worker.in_flight is not None and self.step_timeout_s is not None
+        return max(worker.in_flight.sent_at, worker.progress[1]) + self.step_timeout_s
 
-    # ---- steps
+    def _wait_s(self, workers: list[_Worker]) -> float | None:
+        if self.step_timeout_s is None:
+            return None
+        return max(min(self._deadline(w) for w in workers) - monotonic(), 0.0)
 
-    def _send_steps(self, requests: list[list[Any]], poll: PollResult) -> list[_Worker]:
-        """Send each worker its share of a step; a dead worker's sub-envs fail in `poll`."""
-        asked = []
-        stats = self.stats
-        for worker, request in zip(self._workers, requests):
-            if not request:
-                continue
-            if worker.alive:
-                start = perf_counter()
-                try:
-                    send(worker.conn, ("step", request))
-                except OSError:
-                    pass
-                else:
-                    stats.parent_ipc_s += perf_counter() - start
-                    stats.step_requests += 1
-                    worker.in_flight = request
-                    asked.append(worker)
-                    continue
-            error = self._note_death(worker)
-            for env_id, _ in request:
-                put_failure(poll, env_id, self._failure(env_id, Crash(error)))
-        return asked
+    def _time_out_if_late(self, worker: _Worker) -> bool:
+        """Kill the worker if its env call ran out of time; True if it did."""
+        if self.step_timeout_s is None or worker.in_flight is None:
+            return False
+        if monotonic() < self._deadline(worker):
+            return False
+        in_flight = worker.in_flight
+        hung_id = int(worker.progress[0])
+        call = "reset" if in_flight.kind in ("start", "reset") else in_flight.kind
+        limit = f"sub_env_step_timeout_s={self.step_timeout_s:g}"
+        if hung_id >= 0:
+            reason = (
+                f"sub-env {hung_id} took longer than {limit} s in {call} (or the reset after "
+                f"its last step); its {worker.describe()} was killed"
+            )
+        else:
+            reason = f"{worker.describe()} did not answer a {call} request within {limit} s; killed"
+            hung_id = in_flight.request[0][0] if isinstance(in_flight.request, list) else None
+        self._lose(worker, reason, hung=hung_id if hung_id is not None else -1)
+        return True
 
-    def _collect(self, worker: _Worker, poll: PollResult) -> None:
-        """Read the worker's step reply into `poll`."""
-        self._enter(poll, *self._receive(worker))
-
-    def _receive(self, worker: _Worker) -> tuple[list[Any], list[Any]]:
-        """Read the worker's step reply: `(request, results)`, obs copied out of the
-        shared block; the reset results that came with it are kept for `try_reset`."""
-        request, worker.in_flight = worker.in_flight, None
-        assert request is not None
-        stats = self.stats
+    def _collect(self, worker: _Worker) -> None:
+        """Read the worker's outstanding reply (waiting at most until its deadline)
+        and enter it: step results into the next poll's, reset results for try_reset."""
+        if worker.unread is None:
+            in_flight = worker.in_flight
+            if in_flight is None:
+                return
+            start = perf_counter()
+            while not worker.conn.poll(self._wait_s([worker])):
+                if self._time_out_if_late(worker):
+                    self.stats.parent_wait_s += perf_counter() - start
+                    return
+            try:
+                data = worker.conn.recv_bytes()
+            except (EOFError, OSError):
+                self.stats.parent_wait_s += perf_counter() - start
+                self._lose(worker)
+                return
+            except BaseException as interruption:
+                self._lose(
+                    worker,
+                    f"{worker.describe()} was killed: reading its reply was "
+                    f"interrupted by {type(interruption).__name__}",
+                )
+                raise
+            worker.unread = (in_flight, data)
+            worker.in_flight = None
+            self.stats.parent_wait_s += perf_counter() - start
+        in_flight, data = worker.unread
         start = perf_counter()
-        try:
-            data = worker.conn.recv_bytes()
-        except (EOFError, OSError):
-            stats.parent_wait_s += perf_counter() - start
-            return request, [Crash(self._note_death(worker))] * len(request)
-        received = perf_counter()
-        stats.parent_wait_s += received - start
-        new_block_name, results, resets, env_s, busy_s = pickle.loads(data)
+        self._enter(worker, in_flight, pickle.loads(data))
+        worker.unread = None
+        self.stats.parent_ipc_s += perf_counter() - start
+
+    def _enter(self, worker: _Worker, in_flight: _InFlight, reply: Any) -> None:
+        """Enter one reply; may run twice for one reply (after an interruption), so
+        it only assigns."""
+        kind = in_flight.kind
+        if kind in ("restart", "render"):
+            worker.reply = reply
+            return
+        if kind == "step":
+            new_block_name, results, resets, env_s, busy_s = reply
+        else:
+            new_block_name, results = reply
+        reader = worker.obs_reader
+        if new_block_name is not None and (
+            reader.block is None or reader.block.name.lstrip("/") != new_block_name.lstrip("/")
+        ):
+            reader.attach(new_block_name)
+        if kind != "step":
+            for (env_id, *_), result in zip(in_flight.request, results):
+                if type(result) is tuple and type(result[0]) is SharedObs:
+                    result = (reader.unpack(result[0]), result[1])
+                if kind == "reset":
+                    self._reset_replies[env_id] = result
+                else:
+                    put_reset(
+                        self._ready, env_id, *self._reset_outcome(env_id, result, raise_bad=False)
+                    )
+            return
+        stats = self.stats
         stats.worker_env_s += env_s
         stats.worker_busy_s += busy_s
         stats.env_steps += len(results)
-        reader = worker.obs_reader
-        if new_block_name is not None:
-            reader.attach(new_block_name)
-        for result in results:
-            if type(result) is list and type(result[0]) is SharedObs:
-                result[0] = reader.unpack(result[0])
+        obs, rewards, terminateds, truncateds, infos, off_policy_actions = self._ready
+        for (env_id, _), result in zip(in_flight.request, results):
+            if type(result) is list:
+                env_obs = result[0]
+                if type(env_obs) is SharedObs:
+                    env_obs = reader.unpack(env_obs)
+                obs[env_id] = env_obs
+                rewards[env_id] = result[1]
+                terminateds[env_id] = result[2]
+                truncateds[env_id] = result[3]
+                infos[env_id] = result[4]
+                off_policy_actions[env_id] = {}
+            else:
+                put_failure(self._ready, env_id, self._failure(env_id, result, raise_bad=False))
         for env_id, result in resets.items():
             if type(result) is tuple and type(result[0]) is SharedObs:
                 result = (reader.unpack(result[0]), result[1])
             self._prefetched[env_id] = result
-        stats.parent_ipc_s += perf_counter() - received
-        return request, results
 
-    def _enter(self, poll: PollResult, request: list[Any], results: list[Any]) -> None:
-        """Enter a step reply's results into `poll`; a malformed one raises EnvError."""
-        obs, rewards, terminateds, truncateds, infos, off_policy_actions = poll
-        for (env_id, _), result in zip(request, results):
-            if type(result) is list:
-                (
-                    obs[env_id],
-                    rewards[env_id],
-                    terminateds[env_id],
-                    truncateds[env_id],
-                    infos[env_id],
-                ) = result
-                off_policy_actions[env_id] = {}
-            else:
-                put_failure(poll, env_id, self._failure(env_id, result))
-
-    # ---- requests other than steps
-
-    def _request(self, worker: _Worker, message: tuple[str, Any]) -> Any:
-        """One request/reply with one worker; None (and the worker marked dead) if it died."""
-        self._settle(worker)
-        if not worker.alive:
-            return None
-        try:
-            send(worker.conn, message)
-            return receive(worker.conn)
-        except (EOFError, OSError):
-            self._note_death(worker)
-            return None
-
-    def _exchange(self, command: str, requests: list[list[Any]]) -> dict[EnvID, Any]:
-        """Send each worker its share of a (reset) request, then gather every reply.
-
-        A dead worker's sub-envs get a `Crash` holding an EnvError.
-        """
-        results: dict[EnvID, Any] = {}
-        asked: list[_Worker] = []
-        for worker, request in zip(self._workers, requests):
-            if not request:
-                continue
-            if worker.alive:
-                try:
-                    send(worker.conn, (command, request))
-                    asked.append(worker)
-                    continue
-                except OSError:
-                    pass
-            self._record_death(worker, request, results)
-        for worker in asked:
-            request = requests[worker.index]
-            start = perf_counter()
-            try:
-                new_block_name, replies = receive(worker.conn)
-            except (EOFError, OSError):
-                self._record_death(worker, request, results)
-                continue
-            finally:
-                self.stats.parent_wait_s += perf_counter() - start
-            if new_block_name is not None:
-                worker.obs_reader.attach(new_block_name)
-            for (env_id, *_), reply in zip(request, replies):
-                results[env_id] = reply
-        return results
-
-    def _record_death(self, worker: _Worker, request: list[Any], results: dict[EnvID, Any]) -> None:
-        error = self._note_death(worker)
-        for env_id, *_ in request:
-            results[env_id] = Crash(error)
-
-    def _note_death(self, worker: _Worker) -> EnvError:
-        worker.in_flight = None
-        error = (
-            worker.death_error()
-            if worker.alive
-            else EnvError(f"worker {worker.index} running sub-envs {worker.env_ids} is dead")
-        )
-        if self._restart_failed:
-            self._crashed.update(worker.env_ids)
-        return error
+    def _fail(self, env_id: EnvID, error: Exception) -> None:
+        """Enter a failure of `env_id` into the next poll's results."""
+        put_failure(self._ready, env_id, self._failure(env_id, Crash(error)))
 
     def _reset_outcome(
-        self, env_id: EnvID, result: Any
+        self, env_id: EnvID, result: Any, raise_bad: bool = True
     ) -> tuple[MultiAgentDict | Exception, MultiAgentDict]:
         if type(result) is tuple:
-            obs, infos = result
-            if type(obs) is SharedObs:
-                obs = self._workers[self._worker_of_env[env_id]].obs_reader.unpack(obs)
-            return obs, infos
-        return self._failure(env_id, result), {}
+            return result
+        return self._failure(env_id, result, raise_bad), {}
 
-    def _failure(self, env_id: EnvID, result: Crash | Malformed) -> Exception:
-        """The Exception entry for a crashed sub-env; malformed output raises."""
-        if isinstance(result, Malformed):
-            raise EnvError(result.message)
+    def _failure(
+        self, env_id: EnvID, result: Crash | Malformed, raise_bad: bool = True
+    ) -> Exception:
+        """The Exception entry for a failed sub-env.
+
+        Bad output without restarts is raised: at once (`raise_bad`), or by
+        the poll that is reading this round's replies.
+        """
         if self._restart_failed:
             self._crashed.add(env_id)
-        return result.error
+        if isinstance(result, Crash):
+            return result.error
+        error = EnvError(result.message)
+        if not self._restart_failed:
+            if raise_bad:
+                raise error
+            self._bad_output = self._bad_output or error
+        return error
 
     def _note_recreated(self, env_ids: list[EnvID]) -> None:
         for env_id in env_ids:
             self._seeds.recreated(env_id)
             self._crashed.discard(env_id)
             self._prefetched.pop(env_id, None)
+            self._reset_replies.pop(env_id, None)
 
 
 def _worker_cpus(num_workers: int) -> list[int | None]:

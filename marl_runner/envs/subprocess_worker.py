@@ -11,6 +11,11 @@ resets that sub-env at once, unseeded, and ships the reset result in
 `resets` (env_id -> result), saving the parent a round trip; `env_s` is the
 time spent inside the envs' `step`/`reset`, `busy_s` the time from reading
 the request to sending the reply (pickling it excluded).
+
+While a worker is inside a sub-env's `step` or `reset` it keeps
+`(env_id, monotonic start time)` in a shared `progress` array (`-1` when
+idle), so that the parent can time each call out on its own and name the
+sub-env that hung. A worker whose parent is gone exits quietly.
 """
 
 from __future__ import annotations
@@ -20,13 +25,13 @@ import pickle
 import signal
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, MutableSequence, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
 from marl_runner.envs.base_env import EnvID, close_quietly
-from marl_runner.envs.checks import check_reset_result, check_step_result
+from marl_runner.envs.checks import EnvOutputCheck, check_reset_result, check_step_result
 from marl_runner.envs.errors import EnvError
 from marl_runner.envs.multi_agent_env import MultiAgentDict, MultiAgentEnv
 from marl_runner.envs.shared_obs import SharedObsWriter
@@ -71,64 +76,87 @@ def _portable(error: BaseException, where: str) -> Exception:
     return copy
 
 
-def _step_sub_env(
-    env: MultiAgentEnv,
-    env_id: EnvID,
-    actions: MultiAgentDict,
-    worker_index: int,
-    obs_writer: SharedObsWriter,
-) -> Any:
-    try:
-        result = env.step(actions)
-    except Exception as error:
-        return Crash(_portable(error, f"sub-env {env_id} (worker {worker_index})"))
-    try:
-        obs, *rest = check_step_result(result, env_id, env)
-    except EnvError as error:
-        return Malformed(str(error))
-    return [obs_writer.pack(obs), *rest]  # a list: the parent swaps the obs in place
+class _SubEnvs:
+    """The worker's sub-envs, their output checks and the progress it shows the parent."""
 
+    def __init__(
+        self,
+        make_one: Callable[[int], MultiAgentEnv],
+        worker_index: int,
+        check_spaces: bool,
+        progress: MutableSequence[float] | None,
+    ) -> None:
+        self.make_one = make_one
+        self.worker_index = worker_index
+        self.check_spaces = check_spaces
+        self.progress = progress if progress is not None else [-1.0, 0.0]
+        self.envs: dict[EnvID, MultiAgentEnv] = {}
+        self.checks: dict[EnvID, EnvOutputCheck] = {}
 
-def _step_sub_envs(
-    envs: dict[EnvID, MultiAgentEnv],
-    payload: Sequence[tuple[EnvID, MultiAgentDict]],
-    worker_index: int,
-    obs_writer: SharedObsWriter,
-) -> tuple[list[Any], dict[EnvID, Any], float]:
-    """Steps the listed sub-envs; resets those whose episode ended (unseeded,
-    as the parent would) so their reset obs travel with this reply."""
-    results: list[Any] = []
-    resets: dict[EnvID, Any] = {}
-    clock = time.perf_counter
-    env_s = 0.0
-    for env_id, actions in payload:
-        env = envs[env_id]
-        start = clock()
-        result = _step_sub_env(env, env_id, actions, worker_index, obs_writer)
-        if type(result) is list and (result[2]["__all__"] or result[3]["__all__"]):
-            resets[env_id] = _reset_sub_env(env, env_id, None, None, worker_index, obs_writer)
-        env_s += clock() - start
-        results.append(result)
-    return results, resets, env_s
+    def create(self, env_id: EnvID) -> None:
+        env = self.make_one(env_id)
+        self.envs[env_id] = env
+        self.checks[env_id] = EnvOutputCheck(env, env_id, self.check_spaces)
 
+    def where(self, env_id: EnvID) -> str:
+        return f"sub-env {env_id} (worker {self.worker_index})"
 
-def _reset_sub_env(
-    env: MultiAgentEnv,
-    env_id: EnvID,
-    seed: int | None,
-    options: dict[str, Any] | None,
-    worker_index: int,
-    obs_writer: SharedObsWriter,
-) -> Any:
-    try:
-        result = env.reset(seed=seed, options=options)
-    except Exception as error:
-        return Crash(_portable(error, f"sub-env {env_id} (worker {worker_index})"))
-    try:
-        obs, infos = check_reset_result(result, env_id, env)
-    except EnvError as error:
-        return Malformed(str(error))
-    return obs_writer.pack(obs), infos
+    def step(self, env_id: EnvID, actions: MultiAgentDict, obs_writer: SharedObsWriter) -> Any:
+        env = self.envs[env_id]
+        progress = self.progress
+        progress[1] = time.monotonic()
+        progress[0] = env_id
+        try:
+            result = check_step_result(env.step(actions), env_id, env)
+            obs, rewards, terminateds, truncateds, infos = result
+            self.checks[env_id].step(obs, rewards, terminateds, truncateds)
+        except EnvError as error:
+            return Malformed(str(error))
+        except BaseException as error:  # KeyboardInterrupt, SystemExit too: the env's doing
+            return Crash(_portable(error, self.where(env_id)))
+        finally:
+            progress[0] = -1.0
+        return [obs_writer.pack(obs), rewards, terminateds, truncateds, infos]
+
+    def reset(
+        self,
+        env_id: EnvID,
+        seed: int | None,
+        options: dict[str, Any] | None,
+        obs_writer: SharedObsWriter,
+    ) -> Any:
+        env = self.envs[env_id]
+        progress = self.progress
+        progress[1] = time.monotonic()
+        progress[0] = env_id
+        try:
+            obs, infos = check_reset_result(env.reset(seed=seed, options=options), env_id, env)
+            self.checks[env_id].reset(obs)
+        except EnvError as error:
+            return Malformed(str(error))
+        except BaseException as error:
+            return Crash(_portable(error, self.where(env_id)))
+        finally:
+            progress[0] = -1.0
+        return obs_writer.pack(obs), infos
+
+    def step_many(
+        self, payload: Sequence[tuple[EnvID, MultiAgentDict]], obs_writer: SharedObsWriter
+    ) -> tuple[list[Any], dict[EnvID, Any], float]:
+        """Steps the listed sub-envs; resets those whose episode ended (unseeded,
+        as the parent would) so their reset obs travel with this reply."""
+        results: list[Any] = []
+        resets: dict[EnvID, Any] = {}
+        clock = time.perf_counter
+        env_s = 0.0
+        for env_id, actions in payload:
+            start = clock()
+            result = self.step(env_id, actions, obs_writer)
+            if type(result) is list and (result[2]["__all__"] or result[3]["__all__"]):
+                resets[env_id] = self.reset(env_id, None, None, obs_writer)
+            env_s += clock() - start
+            results.append(result)
+        return results, resets, env_s
 
 
 def pin_to_cpu(cpu: int) -> None:
@@ -158,65 +186,75 @@ def worker_main(
     env_ids: Sequence[EnvID],
     worker_index: int,
     cpu: int | None = None,
+    block_prefix: str | None = None,
+    progress: MutableSequence[float] | None = None,
+    check_spaces: bool = False,
 ) -> None:
     """Serve step/reset/restart/render/close requests for `env_ids` until closed.
 
     Every request gets exactly one reply, so parent and worker never get out
     of step. Per sub-env replies are the env's result, a `Crash` or a
     `Malformed`. With `cpu`, the worker pins itself to that CPU first
-    (`pin_to_cpu`).
+    (`pin_to_cpu`). Shared-memory blocks are named `block_prefix` + a
+    number, so the parent can free them if this worker is killed. When the
+    parent is gone (its end of the pipe closed) the worker just exits.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     if cpu is not None:
         pin_to_cpu(cpu)
-    envs: dict[EnvID, MultiAgentEnv] = {}
+    sub_envs = _SubEnvs(make_one, worker_index, check_spaces, progress)
     for env_id in env_ids:
         try:
-            envs[env_id] = make_one(env_id)
+            sub_envs.create(env_id)
         except Exception as error:
-            send(
-                conn, Crash(_portable(error, f"creating sub-env {env_id} (worker {worker_index})"))
-            )
+            where = f"creating sub-env {env_id} (worker {worker_index})"
+            _send_quietly(conn, Crash(_portable(error, where)))
             return
-    send(conn, "ready")
-    obs_writer = SharedObsWriter()
+    if not _send_quietly(conn, "ready"):
+        return
+    obs_writer = SharedObsWriter(block_prefix)
     try:
-        _serve(conn, make_one, envs, worker_index, obs_writer)
+        _serve(conn, sub_envs, obs_writer)
     finally:
         obs_writer.close()
 
 
-def _serve(
-    conn: Connection,
-    make_one: Callable[[int], MultiAgentEnv],
-    envs: dict[EnvID, MultiAgentEnv],
-    worker_index: int,
-    obs_writer: SharedObsWriter,
-) -> None:
+def _send_quietly(conn: Connection, message: Any) -> bool:
+    """Send `message`; False (no traceback) when the parent has gone away."""
+    try:
+        send(conn, message)
+    except (OSError, EOFError):  # BrokenPipeError, ConnectionResetError
+        return False
+    return True
+
+
+def _serve(conn: Connection, sub_envs: _SubEnvs, obs_writer: SharedObsWriter) -> None:
     """The worker's request loop; step replies are `(new_block_name, results,
     resets, env_s, busy_s)`, reset replies `(new_block_name, results)`."""
     clock = time.perf_counter
+    envs = sub_envs.envs
+    worker_index = sub_envs.worker_index
     while True:
         try:
             command, payload = receive(conn)
-        except EOFError:
-            return
+        except (EOFError, OSError):
+            return  # the parent closed the pipe or died
         if command == "step":
             start = clock()
             obs_writer.start_reply()
-            results, resets, env_s = _step_sub_envs(envs, payload, worker_index, obs_writer)
+            results, resets, env_s = sub_envs.step_many(payload, obs_writer)
             reply: Any = (obs_writer.new_block_name(), results, resets, env_s, clock() - start)
         elif command == "reset":
             obs_writer.start_reply()
             results = [
-                _reset_sub_env(envs[env_id], env_id, seed, options, worker_index, obs_writer)
+                sub_envs.reset(env_id, seed, options, obs_writer)
                 for env_id, seed, options in payload
             ]
             reply = (obs_writer.new_block_name(), results)
         elif command == "restart":
             close_quietly(envs[payload], payload)
             try:
-                envs[payload] = make_one(payload)
+                sub_envs.create(payload)
                 reply = None
             except Exception as error:
                 reply = Crash(
@@ -232,6 +270,7 @@ def _serve(
         else:  # "close"
             for env_id, env in envs.items():
                 close_quietly(env, env_id)
-            send(conn, None)
+            _send_quietly(conn, None)
             return
-        send(conn, reply)
+        if not _send_quietly(conn, reply):
+            return
