@@ -27,8 +27,15 @@ def make_vector_env(config: Any) -> BaseEnv:
     seed = _field(config, "seed", None)
     restart_failed = bool(_field(config, "restart_failed_sub_environments", False))
     vectorize = _field(config, "vectorize", "sync")
+    check_env_outputs = bool(_field(config, "check_env_outputs", False))
     if vectorize == "sync":
-        return SyncVectorEnv(factory, num_envs, seed=seed, restart_failed=restart_failed)
+        return SyncVectorEnv(
+            factory,
+            num_envs,
+            seed=seed,
+            restart_failed=restart_failed,
+            check_env_outputs=check_env_outputs,
+        )
     if vectorize == "subprocess":
         return SubprocessVectorEnv(
             factory,
@@ -38,6 +45,8 @@ def make_vector_env(config: Any) -> BaseEnv:
             num_workers=_field(config, "num_workers", None),
             async_poll=bool(_field(config, "async_poll", False)),
             pin_workers=bool(_field(config, "pin_workers", True)),
+            check_env_outputs=check_env_outputs,
+            step_timeout_s=_field(config, "sub_env_step_timeout_s", None),
         )
     if vectorize == "ray":
         try:  # lazily: Ray is an optional extra
