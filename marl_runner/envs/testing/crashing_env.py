@@ -1,9 +1,10 @@
-"""CrashingEnv: raises in step or reset on cue, to test fault isolation."""
+"""CrashingEnv: fails in step or reset on cue, to test fault isolation."""
 
 from __future__ import annotations
 
 import os
-from typing import Any
+import time
+from typing import Any, Literal
 
 from marl_runner.envs.multi_agent_env import MultiAgentDict, StepResult
 from marl_runner.envs.testing.scripted_env import ScriptedEnv, every_round_script
@@ -26,6 +27,12 @@ class CrashingEnv(ScriptedEnv):
         hard_exit: make the step crash end the whole process (`os._exit`)
             instead of raising, to test how a vector env survives a dead
             worker process. Never use it in the runner's own process.
+        fault: how the step crash happens: `raise` (CrashingEnvError),
+            `exit` (as `hard_exit`), `hang` (sleep `hang_s` seconds, then go
+            on normally: a simulator stuck past a timeout) or `interrupt`
+            (KeyboardInterrupt raised from inside the step, as a Ctrl-C
+            landing in env code does).
+        hang_s: how long a `hang` lasts.
 
     A crash leaves the episode state untouched. Counters belong to the
     instance, so a recreated env crashes afresh.
@@ -38,12 +45,19 @@ class CrashingEnv(ScriptedEnv):
         reset_crashes: int = 0,
         episode_len: int = 10,
         hard_exit: bool = False,
+        fault: Literal["raise", "exit", "hang", "interrupt"] = "raise",
+        hang_s: float = 3600.0,
     ) -> None:
+        if fault not in ("raise", "exit", "hang", "interrupt"):
+            raise ValueError(
+                f"CrashingEnv fault {fault!r}: expected raise, exit, hang or interrupt"
+            )
         super().__init__(every_round_script(("a0", "a1"), episode_len), ("a0", "a1"))
         self.crash_step = crash_step
         self.step_crashes = step_crashes
         self.reset_crashes = reset_crashes
-        self.hard_exit = hard_exit
+        self.fault = "exit" if hard_exit else fault
+        self.hang_s = hang_s
         self.num_resets = 0
         self.num_step_crashes = 0
 
@@ -59,7 +73,12 @@ class CrashingEnv(ScriptedEnv):
         crashes_left = self.step_crashes is None or self.num_step_crashes < self.step_crashes
         if self._round + 1 == self.crash_step and crashes_left:
             self.num_step_crashes += 1
-            if self.hard_exit:
+            if self.fault == "exit":
                 os._exit(3)
-            raise CrashingEnvError(f"CrashingEnv: planned crash in step {self.crash_step}")
+            if self.fault == "interrupt":
+                raise KeyboardInterrupt(f"CrashingEnv: planned interrupt in step {self.crash_step}")
+            if self.fault == "hang":
+                time.sleep(self.hang_s)
+            else:
+                raise CrashingEnvError(f"CrashingEnv: planned crash in step {self.crash_step}")
         return super().step(actions)

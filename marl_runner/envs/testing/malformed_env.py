@@ -22,6 +22,16 @@ _DEFECTS: dict[str, Any] = {
     "obs_not_dict": (["a0"], *_GOOD_STEP[1:]),
     "no_all_terminated": (*_GOOD_STEP[:2], {"a0": False}, *_GOOD_STEP[3:]),
     "no_all_truncated": (*_GOOD_STEP[:3], {"a0": False}, _GOOD_STEP[4]),
+    "nan_reward": (_GOOD_STEP[0], {"a0": float("nan")}, *_GOOD_STEP[2:]),
+    "inf_reward": (_GOOD_STEP[0], {"a0": float("-inf")}, *_GOOD_STEP[2:]),
+    "undeclared_obs": ({"a0": 0, "ghost": 0}, *_GOOD_STEP[1:]),
+    "undeclared_reward": (_GOOD_STEP[0], {"a0": 0.0, "ghost": 1.0}, *_GOOD_STEP[2:]),
+    "undeclared_flag": (
+        *_GOOD_STEP[:2],
+        {"a0": False, "ghost": True, "__all__": False},
+        *_GOOD_STEP[3:],
+    ),
+    "obs_out_of_space": ({"a0": 7}, *_GOOD_STEP[1:]),
 }
 RESET_DEFECTS = ("reset_obs_only",)
 
@@ -30,8 +40,11 @@ class MalformedEnv(MultiAgentEnv):
     """One agent `a0`; reset and step return data with the named `defect`.
 
     Step defects: `four_values`, `not_a_tuple`, `obs_not_dict`,
-    `no_all_terminated`, `no_all_truncated` (or `none` for well-formed
-    output); reset defect: `reset_obs_only`. For tests that a vector env or
+    `no_all_terminated`, `no_all_truncated`, `nan_reward`, `inf_reward`,
+    `undeclared_obs` / `undeclared_reward` / `undeclared_flag` (for agent
+    `ghost`, which has no space), `obs_out_of_space` (obs 7 for a
+    `Discrete(2)` space) (or `none` for well-formed output); reset defect:
+    `reset_obs_only`. For tests that a vector env or
     runner names the sub-env and what was expected. Given by name, so that
     it can be built from a config and in worker processes.
     """
