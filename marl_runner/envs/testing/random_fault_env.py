@@ -20,7 +20,7 @@ class RandomFaultEnv(ScriptedEnv):
     """Two agents acting every round; each step fails with probability `fault_rate`.
 
     A fault is drawn from `kinds`: `raise` (CrashingEnvError in step),
-    `reset` (the next reset raises), `exit` (`os._exit`: only in worker
+    `reset` (the episode goes on, its next reset raises), `exit` (`os._exit`: only in worker
     processes) or `hang` (sleeps `hang_s`, past a short step timeout). A
     complete episode gives a0 exactly `0.1 * episode_len` and a1 twice that,
     so a soak can check every episode it gets back. Unseeded faults: each
@@ -60,6 +60,7 @@ class RandomFaultEnv(ScriptedEnv):
             if kind == "hang":
                 time.sleep(self.hang_s)
             elif kind == "reset":
-                self._fail_next_reset = True
+                self._fail_next_reset = True  # this episode goes on; its reset fails
+                return super().step(actions)
             raise CrashingEnvError(f"RandomFaultEnv: planned {kind} fault in step")
         return super().step(actions)
