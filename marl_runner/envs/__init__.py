@@ -2,6 +2,7 @@
 
 from marl_runner.envs.base_env import BaseEnv
 from marl_runner.envs.errors import EnvError
+from marl_runner.envs.external_env import ExternalMultiAgentEnv
 from marl_runner.envs.multi_agent_env import MultiAgentEnv
 from marl_runner.envs.pettingzoo_wrappers import AECPettingZooEnv, ParallelPettingZooEnv
 from marl_runner.envs.registry import make_env, register_env
@@ -13,6 +14,7 @@ __all__ = [
     "AECPettingZooEnv",
     "BaseEnv",
     "EnvError",
+    "ExternalMultiAgentEnv",
     "MultiAgentEnv",
     "ParallelPettingZooEnv",
     "SubprocessVectorEnv",

@@ -11,7 +11,7 @@ from marl_runner.envs.registry import EnvFactory
 from marl_runner.envs.subprocess_vector_env import SubprocessVectorEnv
 from marl_runner.envs.sync_vector_env import SyncVectorEnv
 
-VECTORIZE_CHOICES = ("sync", "subprocess", "ray")
+VECTORIZE_CHOICES = ("sync", "subprocess", "ray", "external")
 
 
 def make_vector_env(config: Any) -> BaseEnv:
@@ -63,6 +63,15 @@ def make_vector_env(config: Any) -> BaseEnv:
             num_cpus=_field(config, "remote_env_num_cpus", 0),
             batch_wait_ms=_field(config, "remote_env_batch_wait_ms", 0),
             step_timeout_s=_field(config, "sub_env_step_timeout_s", 60.0),
+        )
+    if vectorize == "external":
+        from marl_runner.envs.external_vector_env import ExternalVectorEnv
+
+        return ExternalVectorEnv(
+            factory(),
+            num_envs,
+            episode_timeout_s=_field(config, "external_episode_timeout_s", 60.0),
+            batch_wait_s=float(_field(config, "remote_env_batch_wait_ms", 0)) / 1000.0,
         )
     raise EnvError(f"vectorize {vectorize!r}: expected one of {list(VECTORIZE_CHOICES)}")
 

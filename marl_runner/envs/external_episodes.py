@@ -1,0 +1,387 @@
+"""The thread-safe meeting point of external episodes (client threads) and the runner.
+
+Client threads add *steps* to their episode (an obs to act on, an off-policy
+action, or the episode's end); the runner takes at most one step per slot
+per round in `take_ready`, answers with `give_actions`, and frees the slot
+in `free_slot` once the episode is over. A slot is a sub-env index of the
+vector env: `num_envs` slots mean at most that many episodes at once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+import uuid
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from marl_runner.envs.errors import EnvError
+from marl_runner.envs.multi_agent_env import AgentID, MultiAgentDict
+
+# How many finished episode ids are remembered, to tell "finished" from "unknown".
+_FINISHED_MEMORY = 100_000
+
+
+class ExternalEnvStopped(RuntimeError):
+    """The runner serving an external env stopped; waiting and later calls raise this."""
+
+
+class ExternalEpisodeTimeout(EnvError):
+    """An external episode's client was quiet longer than `external_episode_timeout_s`."""
+
+
+class _Reply:
+    """What one waiting `get_action` call receives: actions or an error."""
+
+    __slots__ = ("actions", "error", "event")
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.actions: MultiAgentDict | None = None
+        self.error: BaseException | None = None
+
+
+@dataclass
+class Step:
+    """One round of an external episode, as the runner's poll hands it out."""
+
+    obs: MultiAgentDict
+    rewards: MultiAgentDict
+    infos: MultiAgentDict
+    off_policy_actions: MultiAgentDict
+    terminated: bool = False
+    truncated: bool = False
+    reply: _Reply | None = None
+
+
+@dataclass
+class _Episode:
+    episode_id: Any
+    slot: int
+    last_call: float
+    steps: deque[Step] = field(default_factory=deque)
+    rewards: dict[AgentID, float] = field(default_factory=dict)
+    infos: dict[AgentID, dict] = field(default_factory=dict)
+    sent_any: bool = False  # a step has been queued (the runner knows the episode)
+    ended: bool = False  # end_episode called (or timed out): no more client calls
+    waiting: int = 0  # client calls blocked on a reply
+
+
+class EpisodeBoard:
+    """Episodes by id and by slot, the steps waiting for the runner, and the replies.
+
+    One lock guards everything; client calls never hold it while waiting.
+
+    Args:
+        num_slots: episodes that may run at once (the vector env's `num_envs`).
+        episode_timeout_s: an episode without a client call for this long (and
+            nothing queued or waiting) is ended as faulty; `start_episode`
+            waits at most this long for a free slot. None: no limit.
+        batch_wait_s: once some step is ready, `take_ready` waits up to this
+            long for the other running episodes, to batch more rows per
+            forward pass.
+    """
+
+    def __init__(
+        self, num_slots: int, episode_timeout_s: float | None, batch_wait_s: float = 0.0
+    ) -> None:
+        self.num_slots = num_slots
+        self.episode_timeout_s = episode_timeout_s
+        self.batch_wait_s = batch_wait_s
+        self._lock = threading.Lock()
+        self._data_ready = threading.Condition(self._lock)
+        self._slot_freed = threading.Condition(self._lock)
+        self._free_slots: deque[int] = deque(range(num_slots))
+        self._episodes: dict[Any, _Episode] = {}  # running, by id
+        self._by_slot: dict[int, _Episode] = {}  # running or ended but not yet consumed
+        self._in_flight: dict[int, Step] = {}  # handed to the runner, waiting for actions
+        self._finished: OrderedDict[Any, str] = OrderedDict()
+        self._stopped: str | None = None
+        self._id_counter = itertools.count()
+
+    # ------------------------------------------------------------------ client side
+
+    def start_episode(self, episode_id: Any = None, training_enabled: bool = True) -> Any:
+        if not training_enabled:
+            raise NotImplementedError(
+                f"start_episode({episode_id!r}, training_enabled=False): episodes kept out of "
+                "training are not supported yet (the runner has no way to drop one sub-env's "
+                "rows); run evaluation episodes against a runner whose batches you discard"
+            )
+        with self._lock:
+            self._raise_if_stopped("start_episode")
+            if episode_id is None:
+                episode_id = f"{uuid.uuid4().hex}-{next(self._id_counter)}"
+            elif episode_id in self._episodes:
+                raise ValueError(f"start_episode: episode {episode_id!r} is already running")
+            elif episode_id in self._finished:
+                raise ValueError(f"start_episode: episode {episode_id!r} has already finished")
+            ready = self._slot_freed.wait_for(
+                lambda: self._free_slots or self._stopped, self.episode_timeout_s
+            )
+            self._raise_if_stopped("start_episode")
+            if not ready:
+                raise TimeoutError(
+                    f"start_episode({episode_id!r}): all {self.num_slots} episode slots stayed "
+                    f"busy for {self.episode_timeout_s}s (external_episode_timeout_s); raise "
+                    "num_envs to run more episodes at once, or end episodes sooner"
+                )
+            if episode_id in self._episodes:  # started by another thread while we waited
+                raise ValueError(f"start_episode: episode {episode_id!r} is already running")
+            slot = self._free_slots.popleft()
+            episode = _Episode(episode_id, slot, time.monotonic())
+            self._episodes[episode_id] = episode
+            self._by_slot[slot] = episode
+            return episode_id
+
+    def get_action(self, episode_id: Any, obs: MultiAgentDict) -> MultiAgentDict:
+        reply = _Reply()
+        with self._lock:
+            episode = self._running(episode_id, "get_action")
+            self._queue(episode, _check_obs(obs, episode_id, "get_action"), {}, reply=reply)
+            episode.waiting += 1
+        try:
+            reply.event.wait()
+        finally:
+            with self._lock:
+                episode.waiting -= 1
+                episode.last_call = time.monotonic()
+        if reply.error is not None:
+            raise reply.error
+        assert reply.actions is not None
+        return reply.actions
+
+    def log_action(self, episode_id: Any, obs: MultiAgentDict, actions: MultiAgentDict) -> None:
+        if not isinstance(actions, dict):
+            raise ValueError(
+                f"log_action({episode_id!r}): actions must be a dict agent_id -> action, "
+                f"got {type(actions).__name__}"
+            )
+        with self._lock:
+            episode = self._running(episode_id, "log_action")
+            obs = _check_obs(obs, episode_id, "log_action")
+            extra = [agent for agent in actions if agent not in obs]
+            if extra:
+                raise ValueError(
+                    f"log_action({episode_id!r}): actions for agents {extra} that have no obs "
+                    f"in this step; agents with an obs: {list(obs)}"
+                )
+            self._queue(episode, obs, dict(actions))
+
+    def log_returns(
+        self, episode_id: Any, rewards: MultiAgentDict, infos: MultiAgentDict | None = None
+    ) -> None:
+        if not isinstance(rewards, dict):
+            raise ValueError(
+                f"log_returns({episode_id!r}): rewards must be a dict agent_id -> float, "
+                f"got {type(rewards).__name__}"
+            )
+        if infos is not None and not isinstance(infos, dict):
+            raise ValueError(
+                f"log_returns({episode_id!r}): infos must be a dict agent_id -> dict or None, "
+                f"got {type(infos).__name__}"
+            )
+        values = {agent: _reward(agent, reward, episode_id) for agent, reward in rewards.items()}
+        with self._lock:
+            episode = self._running(episode_id, "log_returns")
+            for agent, reward in values.items():
+                episode.rewards[agent] = episode.rewards.get(agent, 0.0) + reward
+            for agent, info in (infos or {}).items():
+                episode.infos.setdefault(agent, {}).update(info or {})
+            episode.last_call = time.monotonic()
+
+    def end_episode(self, episode_id: Any, obs: MultiAgentDict, truncated: bool = False) -> None:
+        with self._lock:
+            episode = self._running(episode_id, "end_episode")
+            obs = _check_obs(obs, episode_id, "end_episode", allow_empty=True)
+            self._finish(episode, "ended")
+            if episode.sent_any:
+                self._queue(episode, obs, {}, terminated=not truncated, truncated=bool(truncated))
+            else:
+                # The runner never saw this episode: nothing to train on, just free the slot.
+                self._release_slot(episode.slot)
+
+    # ------------------------------------------------------------------ runner side
+
+    def take_ready(self, max_wait_s: float) -> tuple[dict[int, Step], dict[int, Exception]]:
+        """Steps ready now (at most one per slot) and slots whose episode timed out.
+
+        Waits up to `max_wait_s` for the first one, so the caller's loop stays
+        responsive to stop requests and timeouts; may return nothing.
+        """
+        deadline = time.monotonic() + max_wait_s
+        with self._lock:
+            while True:
+                ready = self._ready_slots()
+                timed_out = self._timed_out_slots()
+                if ready or timed_out or self._stopped:
+                    break
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._data_ready.wait(remaining)
+            if ready and self.batch_wait_s > 0:
+                batch_deadline = time.monotonic() + self.batch_wait_s
+                while len(ready) < len(self._by_slot) - len(self._in_flight) and not self._stopped:
+                    remaining = batch_deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    self._data_ready.wait(remaining)
+                    ready = self._ready_slots()
+            steps = {}
+            for slot in ready:
+                step = steps[slot] = self._by_slot[slot].steps.popleft()
+                self._in_flight[slot] = step
+            failures = {}
+            for slot in timed_out:
+                episode = self._by_slot[slot]
+                self._finish(episode, f"timed out after {self.episode_timeout_s}s without a call")
+                failures[slot] = ExternalEpisodeTimeout(
+                    f"external episode {episode.episode_id!r} (sub-env {slot}): no client call "
+                    f"for more than {self.episode_timeout_s}s (external_episode_timeout_s); "
+                    "ended as faulty"
+                )
+            return steps, failures
+
+    def give_actions(self, slot: int, actions: MultiAgentDict) -> None:
+        """The runner's actions for the step of `slot` it was handed last."""
+        with self._lock:
+            step = self._in_flight.pop(slot, None)
+            if step is None or step.reply is None:
+                return  # an off-policy step: the logged actions stand
+            step.reply.actions = {agent: actions[agent] for agent in step.obs if agent in actions}
+            step.reply.event.set()
+
+    def free_slot(self, slot: int) -> None:
+        """The runner is done with the episode in `slot` (ended or faulty)."""
+        with self._lock:
+            self._in_flight.pop(slot, None)
+            episode = self._by_slot.get(slot)
+            if episode is not None and episode.ended and not episode.steps:
+                self._release_slot(slot)
+
+    def stop(self, reason: str) -> None:
+        """Unblocks every waiting client call with `ExternalEnvStopped`; later calls raise it."""
+        with self._lock:
+            if self._stopped is not None:
+                return
+            self._stopped = reason
+            for episode in self._by_slot.values():
+                for step in list(episode.steps) + [self._in_flight.get(episode.slot)]:
+                    if step is not None and step.reply is not None and not step.reply.event.is_set():
+                        step.reply.error = ExternalEnvStopped(
+                            f"get_action({episode.episode_id!r}): {reason}"
+                        )
+                        step.reply.event.set()
+            self._data_ready.notify_all()
+            self._slot_freed.notify_all()
+
+    @property
+    def num_running(self) -> int:
+        """Episodes holding a slot (running, or ended and not yet consumed by the runner)."""
+        with self._lock:
+            return len(self._by_slot)
+
+    # ------------------------------------------------------------------ helpers (lock held)
+
+    def _running(self, episode_id: Any, call: str) -> _Episode:
+        self._raise_if_stopped(call)
+        try:
+            episode = self._episodes[episode_id]
+        except (KeyError, TypeError):
+            how = self._finished.get(episode_id) if _hashable(episode_id) else None
+            if how is not None:
+                raise ValueError(f"{call}: episode {episode_id!r} has already finished ({how})") from None
+            raise ValueError(
+                f"{call}: unknown episode {episode_id!r}; start it with start_episode() first"
+            ) from None
+        return episode
+
+    def _queue(
+        self,
+        episode: _Episode,
+        obs: MultiAgentDict,
+        off_policy_actions: MultiAgentDict,
+        *,
+        terminated: bool = False,
+        truncated: bool = False,
+        reply: _Reply | None = None,
+    ) -> None:
+        """A new step carrying the rewards and infos logged since the last one."""
+        infos = episode.infos
+        step_infos = {agent: infos.pop(agent) for agent in obs if agent in infos}
+        episode.steps.append(
+            Step(
+                obs=obs, rewards=episode.rewards, infos=step_infos,
+                off_policy_actions=off_policy_actions, terminated=terminated,
+                truncated=truncated, reply=reply,
+            )
+        )
+        episode.rewards = {}
+        episode.sent_any = True
+        episode.last_call = time.monotonic()
+        self._data_ready.notify_all()
+
+    def _finish(self, episode: _Episode, how: str) -> None:
+        episode.ended = True
+        self._episodes.pop(episode.episode_id, None)
+        self._finished[episode.episode_id] = how
+        while len(self._finished) > _FINISHED_MEMORY:
+            self._finished.popitem(last=False)
+
+    def _release_slot(self, slot: int) -> None:
+        del self._by_slot[slot]
+        self._free_slots.append(slot)
+        self._slot_freed.notify()
+
+    def _ready_slots(self) -> list[int]:
+        return [
+            slot for slot, episode in self._by_slot.items()
+            if episode.steps and slot not in self._in_flight
+        ]
+
+    def _timed_out_slots(self) -> list[int]:
+        if self.episode_timeout_s is None:
+            return []
+        quiet_since = time.monotonic() - self.episode_timeout_s
+        return [
+            slot for slot, episode in self._by_slot.items()
+            if not episode.ended and not episode.steps and not episode.waiting
+            and slot not in self._in_flight and episode.last_call < quiet_since
+        ]
+
+    def _raise_if_stopped(self, call: str) -> None:
+        if self._stopped is not None:
+            raise ExternalEnvStopped(f"{call}: {self._stopped}")
+
+
+def _check_obs(
+    obs: Any, episode_id: Any, call: str, *, allow_empty: bool = False
+) -> MultiAgentDict:
+    if not isinstance(obs, dict):
+        raise ValueError(
+            f"{call}({episode_id!r}): obs must be a dict agent_id -> observation, "
+            f"got {type(obs).__name__}"
+        )
+    if not obs and not allow_empty:
+        raise ValueError(f"{call}({episode_id!r}): obs is empty; expected at least one agent")
+    return dict(obs)
+
+
+def _reward(agent: AgentID, reward: Any, episode_id: Any) -> float:
+    try:
+        return float(reward)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"log_returns({episode_id!r}): reward of agent {agent!r} is {reward!r}; expected a number"
+        ) from None
+
+
+def _hashable(value: Any) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
