@@ -33,6 +33,9 @@ class CrashingEnv(ScriptedEnv):
             (KeyboardInterrupt raised from inside the step, as a Ctrl-C
             landing in env code does).
         hang_s: how long a `hang` lasts.
+        fault_token: a file path; a step crash happens only in the instance
+            that creates this file first, so a run (all its sub-envs,
+            processes and recreated envs together) sees exactly one.
 
     A crash leaves the episode state untouched. Counters belong to the
     instance, so a recreated env crashes afresh.
@@ -47,6 +50,7 @@ class CrashingEnv(ScriptedEnv):
         hard_exit: bool = False,
         fault: Literal["raise", "exit", "hang", "interrupt"] = "raise",
         hang_s: float = 3600.0,
+        fault_token: str | None = None,
     ) -> None:
         if fault not in ("raise", "exit", "hang", "interrupt"):
             raise ValueError(
@@ -58,6 +62,7 @@ class CrashingEnv(ScriptedEnv):
         self.reset_crashes = reset_crashes
         self.fault = "exit" if hard_exit else fault
         self.hang_s = hang_s
+        self.fault_token = fault_token
         self.num_resets = 0
         self.num_step_crashes = 0
 
@@ -71,7 +76,7 @@ class CrashingEnv(ScriptedEnv):
 
     def step(self, actions: MultiAgentDict) -> StepResult:
         crashes_left = self.step_crashes is None or self.num_step_crashes < self.step_crashes
-        if self._round + 1 == self.crash_step and crashes_left:
+        if self._round + 1 == self.crash_step and crashes_left and self._claim_fault():
             self.num_step_crashes += 1
             if self.fault == "exit":
                 os._exit(3)
@@ -82,3 +87,12 @@ class CrashingEnv(ScriptedEnv):
             else:
                 raise CrashingEnvError(f"CrashingEnv: planned crash in step {self.crash_step}")
         return super().step(actions)
+
+    def _claim_fault(self) -> bool:
+        if self.fault_token is None:
+            return True
+        try:
+            os.close(os.open(self.fault_token, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return False
+        return True
