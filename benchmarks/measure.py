@@ -21,7 +21,7 @@ import psutil
 from benchmarks.bare_loop import BareLoop
 from benchmarks.workloads import MEMORY_WORKLOAD, Workload, get_workload
 from marl_runner.config import RunnerConfig
-from marl_runner.runner import EnvRunner
+from marl_runner.sampling.runner import EnvRunner
 
 Progress = Callable[[str], None]
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from benchmarks.measure import Progress, Settings, _quiet, time_runner
 from benchmarks.workloads import Workload
-from marl_runner.runner import EnvRunner
+from marl_runner.sampling.runner import EnvRunner
 
 _PREFIXES = sorted(
     {p for p in (os.getcwd(), *sys.path) if p and os.path.isdir(p)}, key=len, reverse=True

@@ -12,14 +12,15 @@ from typing import Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "EnvRunner": "marl_runner.runner",
-    "NoObservationError": "marl_runner.runner",
+    "EnvRunner": "marl_runner.sampling.runner",
+    "NoObservationError": "marl_runner.sampling.lifecycle",
+    "SubEnvError": "marl_runner.sampling.lifecycle",
     "RunnerConfig": "marl_runner.config",
     "ConfigError": "marl_runner.config",
     "SampleBatch": "marl_runner.batch",
     "MultiAgentBatch": "marl_runner.batch",
     "concat_samples": "marl_runner.batch",
-    "MultiAgentEpisode": "marl_runner.episode",
+    "MultiAgentEpisode": "marl_runner.sampling.episode",
     "Callbacks": "marl_runner.callbacks",
     "RolloutMetrics": "marl_runner.metrics",
     "Policy": "marl_runner.policy",

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 from marl_runner.config import RunnerConfig
 
 if TYPE_CHECKING:
-    from marl_runner.runner import EnvRunner
+    from marl_runner.sampling.runner import EnvRunner
 
 __all__ = [
     "FORMAT_NAME",
@@ -145,7 +145,7 @@ def restore_checkpoint(
         CheckpointError: unreadable file, unknown format or version, or a
             checkpointed policy the restored runner does not have.
     """
-    from marl_runner.runner import EnvRunner
+    from marl_runner.sampling.runner import EnvRunner
 
     payload = load_checkpoint(path)
     config = RunnerConfig.from_dict(payload["config"])

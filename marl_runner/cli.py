@@ -172,7 +172,7 @@ def _run_sample(args: argparse.Namespace) -> int:
         _prepare_out_dir(args.out, config)
 
     try:
-        from marl_runner.runner import EnvRunner  # imports torch: only when sampling
+        from marl_runner.sampling.runner import EnvRunner  # imports torch: only when sampling
     except ImportError as exc:
         raise CommandError(f"the sampler cannot be loaded: {exc}", EXIT_FAILURE) from exc
 

@@ -8,6 +8,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+# How many fault messages ``get_metrics()["faults"]`` keeps (the most recent).
+MAX_REPORTED_FAULTS = 10
 PHASES = ("raw_obs_processing", "inference", "action_processing", "env_wait", "env_render")
 
 
@@ -73,10 +75,18 @@ class MetricsCollector:
         self.num_env_steps = 0
         self.num_agent_steps = 0
         self.num_late_rewards = 0
+        self.num_sub_env_restarts = 0
+        self.faults: list[str] = []
         self.since = time.perf_counter()
 
-    def add_episode(self, record: RolloutMetrics) -> None:
+    def add_episode(self, record: RolloutMetrics, num_late_rewards: int = 0) -> None:
         self.episodes.append(record)
+        self.num_late_rewards += num_late_rewards
+
+    def add_fault(self, env_id: int, error: BaseException) -> None:
+        """Why a sub-env's episode was dropped; the last few are reported."""
+        self.faults.append(f"sub-env {env_id}: {type(error).__name__}: {error}")
+        del self.faults[:-MAX_REPORTED_FAULTS]
 
     def summary(self, perf: dict[str, float], connector_metrics: dict) -> dict[str, Any]:
         """The metrics since the last call; resets the counters."""
@@ -103,6 +113,8 @@ class MetricsCollector:
             "custom_metrics": {k: float(np.mean(v)) for k, v in custom.items()},
             "num_faulty_episodes": len(self.episodes) - len(good),
             "num_late_rewards": self.num_late_rewards,
+            "num_sub_env_restarts": self.num_sub_env_restarts,
+            "faults": list(self.faults),
             "num_env_steps": self.num_env_steps,
             "num_agent_steps": self.num_agent_steps,
             "env_steps_per_s": self.num_env_steps / elapsed,

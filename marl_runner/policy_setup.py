@@ -17,8 +17,6 @@ from connectors import (
     default_agent_connectors,
 )
 from marl_runner.policy import Policy, build_policy
-from marl_runner.rounds import RoundRows
-from marl_runner.trajectories import PolicyTrajectories
 
 
 class SpaceMismatchError(ValueError):
@@ -26,11 +24,11 @@ class SpaceMismatchError(ValueError):
 
 
 class PolicyEntry:
-    """A policy, its two connector pipelines and its stored rows."""
+    """A policy and its two connector pipelines."""
 
     __slots__ = (
-        "policy_id", "policy", "agent_pipeline", "action_pipeline", "store",
-        "original_observation_space", "wants_postprocess", "round_rows",
+        "policy_id", "policy", "agent_pipeline", "action_pipeline",
+        "original_observation_space", "wants_postprocess",
     )
 
     def __init__(
@@ -45,9 +43,6 @@ class PolicyEntry:
         self.policy = policy
         self.agent_pipeline = agent_pipeline
         self.action_pipeline = action_pipeline
-        self.store = PolicyTrajectories(policy_id)
-        # This round's rows, filled sub-env by sub-env; emptied when turned into columns.
-        self.round_rows = RoundRows()
         self.original_observation_space = original_observation_space
         # Splitting a batch into trajectories costs time; skip it when nobody looks.
         self.wants_postprocess = policy.wants_postprocessing()

@@ -346,9 +346,9 @@ class FakeRunner:
 
 @pytest.fixture
 def fake_runner(monkeypatch: pytest.MonkeyPatch) -> type[FakeRunner]:
-    module = types.ModuleType("marl_runner.runner")
+    module = types.ModuleType("marl_runner.sampling.runner")
     module.EnvRunner = FakeRunner  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "marl_runner.runner", module)
+    monkeypatch.setitem(sys.modules, "marl_runner.sampling.runner", module)
     FakeRunner.instances = []
     FakeRunner.script = [[], [fake_batch(10)], [episode()], [fake_batch(10), episode(faulty=True)]]
     return FakeRunner

@@ -30,7 +30,7 @@ from helpers_runner_connectors import (
     perturbed_weights,
 )
 
-import marl_runner.runner as runner_module
+import marl_runner.sampling.runner as runner_module
 from connectors import StateBufferConnector
 from marl_runner import EnvRunner, RunnerConfig, SampleBatch, concat_samples
 

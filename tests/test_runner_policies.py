@@ -62,7 +62,7 @@ def test_policy_for_refresh_calls_the_mapping_again() -> None:
 
     with EnvRunner(_cheap(policies=TWO), policy_mapping_fn=mapping) as runner:
         runner.step()
-        episode = next(iter(runner._episodes.values()))
+        episode = next(iter(runner._episodes.active.values()))
         before = len(seen)
         assert episode.policy_for("agent_1") == "even" and len(seen) == before
         assert episode.policy_for("agent_1", refresh=True) == "even" and len(seen) == before + 1

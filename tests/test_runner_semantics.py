@@ -8,7 +8,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from marl_runner import EnvRunner, NoObservationError, check_batch_invariants
+from marl_runner import EnvRunner, NoObservationError, SubEnvError, check_batch_invariants
 from marl_runner.checks import trajectory_rows
 from marl_runner.envs import register_env
 from marl_runner.envs.testing import CrashingEnv
@@ -123,9 +123,17 @@ def test_a_crashing_sub_env_loses_only_its_own_episode(restart: bool) -> None:
     cfg = config("crash_first_env", num_envs=2, rollout_fragment_length=10,
                  restart_failed_sub_environments=restart)
     with EnvRunner(cfg, callbacks=tracker) as runner:
+        if not restart:
+            # Raised once the other sub-env's data of that round is safe, naming the sub-env
+            # and carrying the env's own traceback; the runner goes on afterwards.
+            with pytest.raises(SubEnvError, match=r"(?s)sub-env 0: failed .*planned crash in step 3") as raised:
+                runner.sample(num_env_steps=60)
+            assert "CrashingEnvError" in type(raised.value.__cause__).__name__
         batch = runner.sample(num_env_steps=60)
         metrics = runner.get_metrics()
     assert metrics["num_faulty_episodes"] == 1
+    assert metrics["num_sub_env_restarts"] == int(restart)
+    assert "planned crash in step 3" in metrics["faults"][0]
     check_batch_invariants(batch, rollout_fragment_length=10)
     shared = batch.policy_batches["shared"]
     # The faulty episode left no rows; the other env's first episode is complete.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from marl_runner import EnvRunner, check_batch_invariants
+from marl_runner import EnvRunner, SubEnvError, check_batch_invariants, concat_samples
 from tests.runner_helpers import config
 
 KAZ = "pettingzoo.butterfly.knights_archers_zombies_v11:parallel_env"
@@ -97,6 +97,7 @@ def test_async_poll_runner_cheap_env_with_uneven_workers() -> None:
 
 
 def test_async_poll_runner_survives_crashing_sub_envs() -> None:
+    """Restarts off: a crash is raised, naming its sub-env, and sampling goes on after it."""
     cfg = config(
         "marl_runner.envs.testing:CrashingEnv",
         vectorize="subprocess",
@@ -107,8 +108,17 @@ def test_async_poll_runner_survives_crashing_sub_envs() -> None:
         seed=0,
         env_config={"crash_step": 4, "step_crashes": 1, "episode_len": 6},
     )
+    batches, failed = [], []
     with EnvRunner(cfg) as runner:
-        batch = runner.sample(num_env_steps=48)
+        while sum(b.env_steps() for b in batches) < 48:
+            try:
+                batches.append(runner.sample(num_env_steps=8))
+            except SubEnvError as error:
+                failed.append(error.env_id)
         metrics = runner.get_metrics()
+    # Crashes in one round are all recorded; the first is raised.
+    assert failed and set(failed) <= {0, 1, 2}
+    assert metrics["num_faulty_episodes"] == 3
+    batch = concat_samples(batches)
     check_batch_invariants(batch, rollout_fragment_length=8)
     assert metrics["num_faulty_episodes"] == 3  # one crash per sub-env

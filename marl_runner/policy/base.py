@@ -11,7 +11,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from marl_runner.batch import SampleBatch
-    from marl_runner.episode import MultiAgentEpisode
+    from marl_runner.sampling.episode import MultiAgentEpisode
 
 __all__ = ["Policy", "PolicyOutput"]
 

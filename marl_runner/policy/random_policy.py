@@ -12,7 +12,7 @@ from marl_runner.policy.action_spaces import check_action_mask, multidiscrete_la
 from marl_runner.policy.base import Policy, PolicyOutput
 
 if TYPE_CHECKING:
-    from marl_runner.episode import MultiAgentEpisode
+    from marl_runner.sampling.episode import MultiAgentEpisode
 
 __all__ = ["RandomPolicy"]
 

@@ -19,7 +19,7 @@ from marl_runner.policy.torch_utils import resolve_device, seeded_cpu_rng, to_nu
 
 if TYPE_CHECKING:
     from marl_runner.batch import SampleBatch
-    from marl_runner.episode import MultiAgentEpisode
+    from marl_runner.sampling.episode import MultiAgentEpisode
 
 __all__ = ["TorchPolicy"]
 

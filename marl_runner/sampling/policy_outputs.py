@@ -7,17 +7,16 @@ from typing import Any
 import numpy as np
 import tree
 
-from connectors.data import AgentRows
-from marl_runner.trajectories import KEY_COLUMN
-
-# AgentRows columns that describe where a row comes from, not what the policy saw.
-BOOKKEEPING_COLUMNS = frozenset({"env_ids", "agent_ids", "keys", "is_first", "infos"})
+from connectors.data import META_COLUMNS, AgentRows
+from marl_runner.sampling.trajectories import KEY_COLUMN
 
 
 def stored_columns(rows: AgentRows) -> dict[str, Any]:
-    chunk: dict[str, Any] = {KEY_COLUMN: rows["keys"]}
+    """What the trajectory store keeps of a round: the data columns, plus the trajectory
+    key and time index of each row and its infos (as one object column)."""
+    chunk: dict[str, Any] = {KEY_COLUMN: rows["keys"], "t": rows["t"]}
     for name, column in rows.columns.items():
-        if name in BOOKKEEPING_COLUMNS:
+        if name in META_COLUMNS:
             continue
         chunk[name] = column if isinstance(column, np.ndarray) else np.asarray(column)
     infos = np.empty(len(rows), object)

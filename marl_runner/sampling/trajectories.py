@@ -27,15 +27,15 @@ class KeyTable:
     transition has been handed out in a batch; then it is released.
     """
 
+    _ARRAYS = ("env_id", "eps_id", "agent_index", "next_t", "agent_id")
+
     def __init__(self, capacity: int = 256) -> None:
         self.env_id = np.zeros(capacity, np.int64)
         self.eps_id = np.zeros(capacity, np.int64)
         self.agent_index = np.zeros(capacity, np.int64)
-        self.t_base = np.zeros(capacity, np.int64)
-        self.reward_sum = np.zeros(capacity, np.float64)
-        self.late_reward = np.zeros(capacity, np.float64)
+        # Time index the key's next obs gets (its row count so far).
+        self.next_t = np.zeros(capacity, np.int64)
         self.agent_id = np.empty(capacity, object)
-        self.slot: list[Any] = [None] * capacity
         self.episode: list[Any] = [None] * capacity
         self._free = list(range(capacity - 1, -1, -1))
 
@@ -43,27 +43,27 @@ class KeyTable:
     def capacity(self) -> int:
         return len(self.env_id)
 
-    def allocate(self, env_id: int, episode: Any, agent_index: int, agent_id: Any, slot: Any) -> int:
+    def allocate(self, episode: Any, agent_index: int, agent_id: Any) -> int:
         if not self._free:
             self._grow()
         key = self._free.pop()
-        self.env_id[key] = env_id
+        self.env_id[key] = episode.env_id
         self.eps_id[key] = episode.episode_id
         self.agent_index[key] = agent_index
-        self.t_base[key] = 0
-        self.reward_sum[key] = 0.0
-        self.late_reward[key] = 0.0
+        self.next_t[key] = 0
         self.agent_id[key] = agent_id
-        self.slot[key] = slot
         self.episode[key] = episode
         return key
 
+    def take_t(self, keys: np.ndarray) -> np.ndarray:
+        """The time index of one new row per key (keys are unique within a round)."""
+        t = self.next_t[keys]
+        self.next_t[keys] = t + 1
+        return t
+
     def release(self, keys: np.ndarray) -> None:
-        """Frees finished trajectories; their slots keep the final reward sum."""
+        """Frees finished (or dropped) trajectories."""
         for key in keys.tolist():
-            slot = self.slot[key]
-            slot.reward_total = float(self.reward_sum[key] + self.late_reward[key])
-            self.slot[key] = None
             self.episode[key] = None
             self.agent_id[key] = None
             self._free.append(key)
@@ -77,12 +77,11 @@ class KeyTable:
     def _grow(self) -> None:
         old = self.capacity
         new = old * 2
-        for name in ("env_id", "eps_id", "agent_index", "t_base", "reward_sum", "late_reward", "agent_id"):
+        for name in self._ARRAYS:
             array = getattr(self, name)
             grown = np.zeros(new, array.dtype) if array.dtype != object else np.empty(new, object)
             grown[:old] = array
             setattr(self, name, grown)
-        self.slot.extend([None] * old)
         self.episode.extend([None] * old)
         self._free.extend(range(new - 1, old - 1, -1))
 
@@ -133,10 +132,8 @@ class PolicyTrajectories:
 
         order = np.argsort(row_keys, kind="stable")
         sorted_keys = row_keys[order]
-        num_rows = len(sorted_keys)
         same_as_next = sorted_keys[:-1] == sorted_keys[1:]
         last_in_group = np.append(~same_as_next, True)
-        first_in_group = np.insert(~same_as_next, 0, True)
         done = (columns["terminateds"] | columns["truncateds"])[order]
 
         open_pos = np.flatnonzero(same_as_next)
@@ -144,14 +141,8 @@ class PolicyTrajectories:
         opening = order[open_pos]
         closing = order[close_pos]
 
-        positions = np.arange(num_rows)
-        group_start = np.maximum.accumulate(np.where(first_in_group, positions, 0))
-        rank = positions - group_start
-
         carry = order[last_in_group & ~done]
         finished = sorted_keys[last_in_group & done]
-        carry_keys = row_keys[carry]
-        carry_rank = rank[last_in_group & ~done]
 
         remaining = []
         if len(carry):
@@ -161,7 +152,6 @@ class PolicyTrajectories:
         self.chunks = remaining
 
         if not len(open_pos):
-            keys.t_base[carry_keys] += carry_rank
             return None, finished, np.zeros((0, 3), np.int64)
 
         batch = SampleBatch()
@@ -177,25 +167,32 @@ class PolicyTrajectories:
                 batch[name] = column[opening]
 
         transition_keys = sorted_keys[open_pos]
-        batch["t"] = keys.t_base[transition_keys] + rank[open_pos]
         batch["eps_id"] = keys.eps_id[transition_keys]
         batch["env_id"] = keys.env_id[transition_keys]
         batch["agent_index"] = keys.agent_index[transition_keys]
         batch["unroll_id"] = np.full(len(open_pos), unroll_id, np.int64)
         if "state_in_0" in batch:
             batch["seq_lens"] = np.ones(len(open_pos), np.int32)
+        _add_rewards_after_done(batch, transition_keys, (last_in_group & done)[close_pos], keys)
+        return batch, finished, _segments(transition_keys)
 
-        closes_trajectory = (last_in_group & done)[close_pos]
-        if closes_trajectory.any():
-            late = keys.late_reward[transition_keys[closes_trajectory]]
-            if late.any():
+
+def _add_rewards_after_done(
+    batch: SampleBatch, transition_keys: np.ndarray, closes_trajectory: np.ndarray, keys: KeyTable
+) -> None:
+    """Final transitions carry the rewards their agent got after it was done."""
+    if not closes_trajectory.any():
+        return
+    rewards = None
+    for row in np.flatnonzero(closes_trajectory).tolist():
+        key = int(transition_keys[row])
+        extra = keys.episode[key].rewards.hand_out_final(keys.agent_id[key])
+        if extra:
+            if rewards is None:
                 rewards = batch["rewards"].astype(np.float32, copy=True)
-                rewards[closes_trajectory] += late.astype(np.float32)
-                batch["rewards"] = rewards
-
-        keys.t_base[carry_keys] += carry_rank
-        segments = _segments(transition_keys)
-        return batch, finished, segments
+            rewards[row] += extra
+    if rewards is not None:
+        batch["rewards"] = rewards
 
 
 def _segments(sorted_keys: np.ndarray) -> np.ndarray:

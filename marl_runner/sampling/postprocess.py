@@ -2,33 +2,38 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
 from marl_runner.batch import SampleBatch, concat_samples
-from marl_runner.trajectories import KeyTable
+from marl_runner.policy import Policy
+from marl_runner.sampling.trajectories import KeyTable
+
+TrajectoryHook = Callable[..., None]
 
 
 def postprocess_trajectories(
     built: dict[str, tuple[SampleBatch, np.ndarray]],
-    runner: Any,
+    policies: Mapping[str, Policy],
+    wanting_policies: frozenset[str],
     key_table: KeyTable,
-    wants_hook: bool,
+    on_trajectory: TrajectoryHook | None,
 ) -> dict[str, SampleBatch]:
     """Splits each policy batch into agent trajectories only when someone looks at them.
 
     ``built`` maps policy id to (batch, segments of (key, start, stop)). A
-    policy's ``postprocess_trajectory`` gets each trajectory with the other
-    agents' trajectories of the same episode; ``on_postprocess_trajectory``
-    callbacks (``wants_hook``) may edit the result in place.
+    policy in ``wanting_policies`` gets each trajectory through its
+    ``postprocess_trajectory``, with the other agents' trajectories of the
+    same episode; ``on_trajectory`` (the ``on_postprocess_trajectory``
+    callback, when overridden) may edit the result in place.
     """
     result = {}
     by_episode = None
     for policy_id, (batch, segments) in built.items():
-        entry = runner._entries.get(policy_id)
-        wants_policy = entry is not None and entry.wants_postprocess
-        if not (wants_hook or wants_policy):
+        wants_policy = policy_id in wanting_policies
+        if not (on_trajectory or wants_policy):
             result[policy_id] = batch
             continue
         if by_episode is None:
@@ -40,11 +45,10 @@ def postprocess_trajectories(
             agent_id = key_table.agent_id[key]
             others = {a: v for a, v in by_episode.get(id(episode), {}).items() if a != agent_id}
             if wants_policy:
-                trajectory = entry.policy.postprocess_trajectory(trajectory, others, episode)
-            if wants_hook:
-                runner.callbacks.on_postprocess_trajectory(
-                    runner=runner, worker=runner, episode=episode, agent_id=agent_id,
-                    policy_id=policy_id, policies=runner.policy_map,
+                trajectory = policies[policy_id].postprocess_trajectory(trajectory, others, episode)
+            if on_trajectory is not None:
+                on_trajectory(
+                    episode=episode, agent_id=agent_id, policy_id=policy_id,
                     postprocessed_batch=trajectory, original_batches=others,
                 )
             pieces.append(trajectory)

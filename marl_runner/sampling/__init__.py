@@ -1,0 +1,1 @@
+"""The sampling loop and its data: runner, round, rewards, episodes, trajectories, fragments."""

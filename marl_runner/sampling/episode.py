@@ -1,0 +1,113 @@
+"""One sub-env episode: which agents take part, their policies, and their rewards."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from marl_runner.sampling.rewards import RewardLedger
+
+
+class AgentSlot:
+    """An agent's place in one episode; ``key`` names its trajectory in the runner's tables."""
+
+    __slots__ = ("agent_id", "policy_id", "index", "key", "done")
+
+    def __init__(self, agent_id: Any, policy_id: str, index: int, key: int) -> None:
+        self.agent_id = agent_id
+        self.policy_id = policy_id
+        self.index = index
+        self.key = key
+        self.done = False
+
+
+class EpisodeLayout:
+    """The agents that observed in the last round, grouped by policy.
+
+    When the next round has exactly the same agents, none done and no held
+    rewards, their rows are copied a whole policy group at a time.
+    """
+
+    __slots__ = ("agent_set", "groups")
+
+    def __init__(self, agent_set: frozenset, groups: list[tuple[str, tuple, tuple]]) -> None:
+        self.agent_set = agent_set
+        self.groups = groups  # (policy id, agent ids, trajectory keys) per policy
+
+
+class MultiAgentEpisode:
+    """Bookkeeping for one episode of one sub-env.
+
+    ``map_agent(agent_id, episode)`` is the runner's policy mapping (user fn
+    plus the check that the result is a known policy id); the result is
+    cached per agent until asked for with ``refresh=True``.
+    """
+
+    def __init__(
+        self, episode_id: int, env_id: int, map_agent: Callable[[Any, MultiAgentEpisode], str]
+    ) -> None:
+        self.episode_id = episode_id
+        self.env_id = env_id
+        self.length = 0
+        self.custom_metrics: dict[str, float] = {}
+        self.hist_data: dict[str, list] = {}
+        self.user_data: dict[str, Any] = {}
+        self.media: dict[str, Any] = {}
+        self.faulty = False
+        self.started = False
+        self.start_time = time.perf_counter()
+        self.slots: dict[Any, AgentSlot] = {}
+        self.layout: EpisodeLayout | None = None
+        self.rewards = RewardLedger()
+        # Env steps of this episode not yet built into a fragment.
+        self.unbuilt_steps = 0
+        # Raw obs of the last round each agent observed (only kept for ``fake_obs: last``).
+        self.last_raw_obs: dict[Any, Any] = {}
+        self._map_agent = map_agent
+        self._policy_cache: dict[Any, str] = {}
+
+    def policy_for(self, agent_id: Any, refresh: bool = False) -> str:
+        """The agent's policy id, mapped once per episode unless ``refresh``."""
+        if not refresh:
+            cached = self._policy_cache.get(agent_id)
+            if cached is not None:
+                return cached
+        policy_id = self._map_agent(agent_id, self)
+        self._policy_cache[agent_id] = policy_id
+        return policy_id
+
+    def get_agents(self) -> list:
+        """Agents that have observed in this episode, in order of appearance."""
+        return list(self.slots)
+
+    def agent_index(self, agent_id: Any) -> int:
+        return self.slots[agent_id].index
+
+    def is_done(self, agent_id: Any) -> bool:
+        slot = self.slots.get(agent_id)
+        return slot is not None and slot.done
+
+    @property
+    def agent_rewards(self) -> dict[tuple[Any, str | None], float]:
+        """Every reward the env gave so far per (agent, policy); policy None for agents
+        that never observed (so never had a policy)."""
+        slots = self.slots
+        return {
+            (agent_id, slots[agent_id].policy_id if agent_id in slots else None): total
+            for agent_id, total in self.rewards.totals.items()
+        } | {(a, s.policy_id): 0.0 for a, s in slots.items() if a not in self.rewards.totals}
+
+    @property
+    def total_reward(self) -> float:
+        return float(sum(self.rewards.totals.values()))
+
+    @property
+    def num_late_rewards(self) -> int:
+        return self.rewards.num_late_rewards
+
+    def __repr__(self) -> str:
+        return (
+            f"MultiAgentEpisode(id={self.episode_id}, env_id={self.env_id}, "
+            f"length={self.length}, agents={len(self.slots)})"
+        )

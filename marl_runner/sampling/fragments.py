@@ -1,0 +1,161 @@
+"""When a fragment is due, and building it from the trajectory stores.
+
+``truncate_episodes``: a sub-env's fragment is due when the steps counted
+since its last fragment reach ``rollout_fragment_length`` (by env steps a
+fragment is exactly that long). ``complete_episodes``: one fragment per
+finished episode, built as soon as the episode's last rows are stored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from marl_runner.batch import MultiAgentBatch, SampleBatch
+from marl_runner.sampling.episode import MultiAgentEpisode
+from marl_runner.sampling.trajectories import KeyTable, PolicyTrajectories
+
+Postprocess = Callable[[dict[str, tuple[SampleBatch, np.ndarray]]], dict[str, SampleBatch]]
+
+
+class FragmentBuilder:
+    """Step counts per sub-env, the per-policy trajectory stores, and fragment building."""
+
+    def __init__(
+        self,
+        num_envs: int,
+        rollout_fragment_length: int,
+        *,
+        truncate_episodes: bool,
+        count_agent_steps: bool,
+        key_table: KeyTable,
+    ) -> None:
+        self._length = rollout_fragment_length
+        self._truncate = truncate_episodes
+        self._count_agent_steps = count_agent_steps
+        self._keys = key_table
+        self.stores: dict[str, PolicyTrajectories] = {}
+        self._env_steps = np.zeros(num_envs, np.int64)  # since the sub-env's last fragment
+        self._agent_steps = np.zeros(num_envs, np.int64)
+        self._episode_steps = np.zeros(num_envs, np.int64)  # of the running episode, unbuilt
+        self._episodes_ended = np.zeros(num_envs, np.int64)  # since the last fragment
+        self._episodes_to_build: list[tuple[MultiAgentEpisode, int]] = []
+        self._unroll_id = 0
+        self.built_episodes = 0
+        self.fragments_per_env = np.zeros(num_envs, np.int64)
+
+    # ---- counting
+
+    def count_env_steps(self, env_ids: list[int]) -> None:
+        self._env_steps[env_ids] += 1
+        self._episode_steps[env_ids] += 1
+
+    def add_rows(self, policy_id: str, chunk: dict[str, Any], closing_env_ids: np.ndarray) -> None:
+        """Stores a policy's rows of one round; ``closing_env_ids`` has one entry per agent step."""
+        store = self.stores.get(policy_id)
+        if store is None:
+            store = self.stores[policy_id] = PolicyTrajectories(policy_id)
+        store.add(chunk)
+        if self._count_agent_steps and len(closing_env_ids):
+            self._agent_steps += np.bincount(closing_env_ids, minlength=len(self._agent_steps))
+
+    # ---- episodes
+
+    def episode_ended(self, episode: MultiAgentEpisode) -> None:
+        env_id = episode.env_id
+        if self._truncate:
+            self._episodes_ended[env_id] += 1
+        else:
+            self._episodes_to_build.append((episode, int(self._episode_steps[env_id])))
+        self._episode_steps[env_id] = 0
+
+    def episode_dropped(self, episode: MultiAgentEpisode) -> None:
+        """No training data from a faulty episode: its unbuilt rows and steps go."""
+        keys = self._live_keys(episode)
+        if keys:
+            mask = self._keys.mask(keys)
+            for store in self.stores.values():
+                store.drop_keys(mask)
+            self._keys.release(np.asarray(keys, np.int64))
+        env_id = episode.env_id
+        self._env_steps[env_id] -= self._episode_steps[env_id]
+        self._episode_steps[env_id] = 0
+
+    def drop_env(self, env_id: int) -> None:
+        """Forgets every unbuilt row and step of one sub-env (after an interrupted step)."""
+        owner = self._keys.episode
+        keys = [k for k in np.flatnonzero(self._keys.env_id == env_id).tolist() if owner[k] is not None]
+        if keys:
+            mask = self._keys.mask(keys)
+            for store in self.stores.values():
+                store.drop_keys(mask)
+            self._keys.release(np.asarray(keys, np.int64))
+        for counter in (self._env_steps, self._agent_steps, self._episode_steps, self._episodes_ended):
+            counter[env_id] = 0
+        self._episodes_to_build = [(e, n) for e, n in self._episodes_to_build if e.env_id != env_id]
+
+    def move_rows(self, from_policy: str, to_policy: str | None) -> None:
+        """A removed policy's stored rows go to the policy its agents now map to.
+
+        With no running agent left (``to_policy`` None), its store stays until
+        its rows have been handed out.
+        """
+        if to_policy is None or from_policy not in self.stores:
+            return
+        source = self.stores.pop(from_policy)
+        target = self.stores.get(to_policy)
+        if target is None:
+            self.stores[to_policy] = source
+            source.policy_id = to_policy
+        else:
+            target.extend(source)
+
+    def _live_keys(self, episode: MultiAgentEpisode) -> list[int]:
+        """The episode's trajectory keys not yet released (and so not reused)."""
+        owner = self._keys.episode
+        return [s.key for s in episode.slots.values() if owner[s.key] is episode]
+
+    # ---- building
+
+    def build_ready(self, postprocess: Postprocess) -> list[MultiAgentBatch]:
+        """Every fragment that is due now."""
+        if self._truncate:
+            counts = self._agent_steps if self._count_agent_steps else self._env_steps
+            ready = np.flatnonzero(counts >= self._length)
+            if not len(ready):
+                return []
+            env_mask = np.zeros(len(counts), bool)
+            env_mask[ready] = True
+            env_steps = int(self._env_steps[ready].sum())
+            for counter in (self._env_steps, self._agent_steps, self._episode_steps):
+                counter[ready] = 0
+            self.fragments_per_env[ready] += 1
+            self.built_episodes += int(self._episodes_ended[ready].sum())
+            self._episodes_ended[ready] = 0
+            return [self._build(env_mask[self._keys.env_id], env_steps, postprocess)]
+        batches = []
+        for episode, steps in self._episodes_to_build:
+            mask = self._keys.mask(self._live_keys(episode))
+            batches.append(self._build(mask, steps, postprocess))
+            self.built_episodes += 1
+            self.fragments_per_env[episode.env_id] += 1
+        self._episodes_to_build = []
+        return batches
+
+    def _build(self, key_mask: np.ndarray, env_steps: int, postprocess: Postprocess) -> MultiAgentBatch:
+        """Transitions of the masked trajectories, post-processed, as one MultiAgentBatch."""
+        self._unroll_id += 1
+        built: dict[str, tuple[SampleBatch, np.ndarray]] = {}
+        finished = []
+        for policy_id, store in list(self.stores.items()):
+            batch, done_keys, segments = store.build(key_mask, self._keys, self._unroll_id)
+            finished.append(done_keys)
+            if batch is not None:
+                built[policy_id] = (batch, segments)
+        policy_batches = postprocess(built)
+        for done_keys in finished:
+            if len(done_keys):
+                self._keys.release(done_keys)
+        return MultiAgentBatch(policy_batches, env_steps)

@@ -1,0 +1,221 @@
+"""An episode's life per sub-env: created, started, stepped, ended or dropped, reset.
+
+Callbacks fire here, each at its event; episode metric records are made
+here (after ``on_episode_end``, so custom metrics set there count); and
+failures are bounded here: a sub-env whose resets or episodes keep failing
+raises instead of looping.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from marl_runner.callbacks import Callbacks
+from marl_runner.envs import BaseEnv
+from marl_runner.metrics import MetricsCollector, RolloutMetrics
+from marl_runner.sampling.episode import AgentSlot, MultiAgentEpisode
+from marl_runner.sampling.fragments import FragmentBuilder
+from marl_runner.sampling.policy_map import PolicyMap
+from marl_runner.sampling.trajectories import KeyTable
+
+logger = logging.getLogger(__name__)
+
+
+class NoObservationError(RuntimeError):
+    """An episode ended without the env ever observing any agent."""
+
+
+class SubEnvError(RuntimeError):
+    """A sub-env failed and the runner may not go on with it; ``__cause__`` is the original error."""
+
+    def __init__(self, env_id: int, message: str, cause: BaseException | None) -> None:
+        self.env_id = env_id
+        detail = ""
+        if cause is not None:
+            detail = "\n" + "".join(traceback.format_exception(cause)).rstrip()
+        super().__init__(f"sub-env {env_id}: {message}{detail}")
+        self.__cause__ = cause
+
+
+class EpisodeLifecycle:
+    """The running episode of each sub-env, and what happens at each of its events."""
+
+    def __init__(
+        self,
+        env: BaseEnv,
+        policy_map: PolicyMap,
+        fragments: FragmentBuilder,
+        key_table: KeyTable,
+        metrics: MetricsCollector,
+        perf_stats: Callable[[], dict[str, float]],
+        callbacks: Callbacks,
+        hooks: frozenset[str],
+        hook_context: dict[str, Any],
+        config: Any,
+    ) -> None:
+        self._env = env
+        self._policy_map = policy_map
+        self._fragments = fragments
+        self._keys = key_table
+        self._metrics = metrics
+        self._perf_stats = perf_stats
+        self._callbacks = callbacks
+        self._hooks = hooks
+        self._hook_context = hook_context
+        self._restart = config.restart_failed_sub_environments
+        self._max_reset_failures = config.max_consecutive_reset_failures
+        self._max_episode_failures = config.max_consecutive_step_failures
+        self._max_episode_steps = config.max_episode_steps
+        self._warned_long_episode = False
+        self._rng = random.Random(config.seed)
+        self.active: dict[int, MultiAgentEpisode] = {}
+        self.awaiting_reset: set[int] = set()
+        self._reset_failures: dict[int, int] = {}
+        self._episode_failures: dict[int, int] = {}
+
+    # ---- events
+
+    def episode_for(self, env_id: int) -> MultiAgentEpisode:
+        """The sub-env's running episode; its obs start it when it has not started yet."""
+        episode = self.active.get(env_id)
+        if episode is None:
+            episode = self._create(env_id)
+        if not episode.started:
+            self.awaiting_reset.discard(env_id)
+            self._start(episode)
+        else:
+            self._advance(episode)
+        return episode
+
+    def new_slot(self, episode: MultiAgentEpisode, agent_id: Any) -> AgentSlot:
+        """A first-time agent's slot: its policy mapped (and built), its trajectory key."""
+        policy_id = episode.policy_for(agent_id)
+        self._policy_map.entry_for(policy_id, agent_id)
+        index = len(episode.slots)
+        slot = AgentSlot(agent_id, policy_id, index, self._keys.allocate(episode, index, agent_id))
+        episode.slots[agent_id] = slot
+        return slot
+
+    def stepped(self, episodes: list[MultiAgentEpisode]) -> None:
+        if "on_episode_step" in self._hooks:
+            for episode in episodes:
+                self._callbacks.on_episode_step(**self._hook_kwargs(episode))
+
+    def end(self, episode: MultiAgentEpisode) -> RolloutMetrics:
+        if not episode.slots:
+            raise NoObservationError(
+                f"sub-env {episode.env_id}: the episode ended after {episode.length} steps but "
+                f"the env never returned an observation for any agent"
+            )
+        del self.active[episode.env_id]
+        self._episode_failures.pop(episode.env_id, None)
+        if "on_episode_end" in self._hooks:
+            self._callbacks.on_episode_end(**self._hook_kwargs(episode))
+        self._fragments.episode_ended(episode)
+        return self._record(episode)
+
+    def drop(self, env_id: int, error: BaseException) -> RolloutMetrics:
+        """A faulty episode: no training data from it, one metrics record, callbacks told."""
+        logger.warning("sub-env %d failed; dropping its episode: %r", env_id, error)
+        episode = self.active.pop(env_id, None) or self._new_episode(env_id)
+        episode.faulty = True
+        self._fragments.episode_dropped(episode)
+        self._metrics.add_fault(env_id, error)
+        if "on_episode_end" in self._hooks:
+            self._callbacks.on_episode_end(**self._hook_kwargs(episode), exception=error)
+        return self._record(episode)
+
+    def recover(self, env_id: int, error: BaseException) -> None:
+        """After the sub-env itself failed: restart it, or raise when that is not allowed
+        (restarts off) or it keeps failing (``max_consecutive_step_failures`` in a row)."""
+        failures = self._episode_failures.get(env_id, 0) + 1
+        self._episode_failures[env_id] = failures
+        if not self._restart:
+            raise SubEnvError(
+                env_id, "failed and restart_failed_sub_environments is off; its episode was "
+                "dropped, the other sub-envs' data is kept; original error below", error,
+            )
+        if failures >= self._max_episode_failures:
+            raise SubEnvError(
+                env_id, f"{failures} episodes in a row failed "
+                "(max_consecutive_step_failures); last error below", error,
+            )
+        self._env.try_restart(env_id)
+        self._metrics.num_sub_env_restarts += 1
+
+    def reset(self, env_id: int, outputs: list) -> tuple[MultiAgentEpisode, dict, dict] | None:
+        """Resets the sub-env (retrying failed resets); its new episode and reset obs,
+        or None when the obs arrive in a later poll."""
+        while True:
+            episode = self._create(env_id)
+            result = self._env.try_reset(env_id)
+            if result is None:
+                self.awaiting_reset.add(env_id)
+                return None
+            error = result if isinstance(result, BaseException) else result[0]
+            if not isinstance(error, BaseException):
+                self._reset_failures.pop(env_id, None)
+                self._start(episode)
+                return episode, result[0], result[1] or {}
+            failures = self._reset_failures.get(env_id, 0) + 1
+            self._reset_failures[env_id] = failures
+            outputs.append(self.drop(env_id, error))
+            if failures >= self._max_reset_failures:
+                raise SubEnvError(
+                    env_id, f"failed to reset {failures} times in a row "
+                    "(max_consecutive_reset_failures); last error below", error,
+                )
+            if self._restart:
+                self._env.try_restart(env_id)
+                self._metrics.num_sub_env_restarts += 1
+
+    # ---- helpers
+
+    def _new_episode(self, env_id: int) -> MultiAgentEpisode:
+        return MultiAgentEpisode(self._rng.getrandbits(63), env_id, self._policy_map.map_agent)
+
+    def _create(self, env_id: int) -> MultiAgentEpisode:
+        episode = self.active[env_id] = self._new_episode(env_id)
+        if "on_episode_created" in self._hooks:
+            self._callbacks.on_episode_created(**self._hook_kwargs(episode))
+        return episode
+
+    def _start(self, episode: MultiAgentEpisode) -> None:
+        episode.started = True
+        if "on_episode_start" in self._hooks:
+            self._callbacks.on_episode_start(**self._hook_kwargs(episode))
+
+    def _advance(self, episode: MultiAgentEpisode) -> None:
+        episode.length += 1
+        limit = self._max_episode_steps
+        if limit is not None and episode.length == limit + 1 and not self._warned_long_episode:
+            self._warned_long_episode = True
+            logger.warning(
+                "sub-env %d: an episode has not ended after max_episode_steps=%d env steps; "
+                "does the env ever set terminateds/truncateds['__all__']? (warned once)",
+                episode.env_id, limit,
+            )
+
+    def _record(self, episode: MultiAgentEpisode) -> RolloutMetrics:
+        faulty = episode.faulty
+        agent_rewards = {} if faulty else episode.agent_rewards
+        record = RolloutMetrics(
+            episode_length=episode.length,
+            episode_reward=float(sum(agent_rewards.values())),
+            agent_rewards=agent_rewards,
+            custom_metrics=dict(episode.custom_metrics),
+            perf_stats=self._perf_stats(),
+            hist_data=dict(episode.hist_data),
+            media=dict(episode.media),
+            connector_metrics={},
+            episode_faulty=faulty,
+        )
+        self._metrics.add_episode(record, episode.num_late_rewards)
+        return record
+
+    def _hook_kwargs(self, episode: MultiAgentEpisode) -> dict[str, Any]:
+        return {**self._hook_context, "episode": episode, "env_index": episode.env_id}

@@ -1,0 +1,475 @@
+"""EnvRunner: polls the vector env, runs connectors and policies, builds training batches.
+
+``step()`` is SPEC's six steps, one method each: poll, process observations,
+evaluate policies, process policy outputs, send actions, record perf stats.
+Data moves as per-policy columns: one agent-connector call, ONE forward pass
+and one action-connector call per policy per round, whatever the number of
+agents and sub-envs. ``sample()`` steps until its target is reached.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from time import perf_counter
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from connectors.data import ActionRows, AgentRows
+from marl_runner.batch import MultiAgentBatch, SampleBatch, concat_samples
+from marl_runner.callbacks import Callbacks, overridden_hooks
+from marl_runner.checkpoint import restore_checkpoint, save_checkpoint
+from marl_runner.config import RunnerConfig
+from marl_runner.envs import BaseEnv, make_vector_env
+from marl_runner.imports import import_object
+from marl_runner.metrics import PHASES, MetricsCollector, PerfStats
+from marl_runner.policy import Policy
+from marl_runner.sampling.fragments import FragmentBuilder
+from marl_runner.sampling.lifecycle import EpisodeLifecycle, SubEnvError
+from marl_runner.sampling.policy_map import PolicyMap
+from marl_runner.sampling.policy_outputs import (
+    apply_off_policy_actions,
+    distribute_actions,
+    scatter,
+    stored_columns,
+)
+from marl_runner.sampling.postprocess import postprocess_trajectories
+from marl_runner.sampling.round import Round, RoundCollector
+from marl_runner.sampling.trajectories import KeyTable
+
+PolicyOutputs = dict[str, tuple[np.ndarray, AgentRows, tuple]]
+
+
+class InterruptedStepError(RuntimeError):
+    """The step in which a sub-env's episode was running did not finish (the reason is its cause)."""
+
+
+class EnvRunner:
+    """Samples multi-agent episodes from a vector env into per-policy batches."""
+
+    def __init__(
+        self,
+        config: RunnerConfig | dict,
+        *,
+        policies: dict[str, Policy] | None = None,
+        policy_mapping_fn: Callable[..., str] | None = None,
+        callbacks: Callbacks | None = None,
+    ) -> None:
+        if isinstance(config, dict):
+            config = RunnerConfig.from_dict(config)
+        config.check_imports()
+        self.config = config
+        if config.torch_threads is not None:
+            import torch
+
+            torch.set_num_threads(config.torch_threads)
+        if callbacks is None and config.callbacks:
+            callbacks = import_object(config.callbacks)()
+        self.callbacks = callbacks or Callbacks()
+        self._hooks = overridden_hooks(self.callbacks)
+        self._env: BaseEnv = make_vector_env(config)
+        try:
+            self.policy_map = PolicyMap(
+                {**config.policies, **(policies or {})},
+                policy_mapping_fn or config.policy_mapping_fn,
+                possible_agents=self._env.possible_agents,
+                spaces_of=lambda a: (self._env.get_observation_space(a), self._env.get_action_space(a)),
+                runner_config=config,
+                mapping_context={"runner": self, "worker": self},
+            )
+        except BaseException:
+            self._env.stop()
+            raise
+        self._key_table = KeyTable()
+        self._fragments = FragmentBuilder(
+            config.num_envs,
+            config.rollout_fragment_length,
+            truncate_episodes=config.batch_mode == "truncate_episodes",
+            count_agent_steps=config.count_steps_by == "agent_steps",
+            key_table=self._key_table,
+        )
+        self._perf = PerfStats(config.ema_coef)
+        self._metrics = MetricsCollector()
+        self._episodes = EpisodeLifecycle(
+            self._env, self.policy_map, self._fragments, self._key_table, self._metrics,
+            self._perf.get, self.callbacks, self._hooks,
+            {"runner": self, "worker": self, "base_env": self._env, "policies": self.policy_map},
+            config,
+        )
+        self._collector = RoundCollector(
+            self._episodes.new_slot,
+            lambda pid: self.policy_map.entries[pid].original_observation_space,
+            config.fake_obs,
+        )
+        self._num_env_steps_total = 0
+        # Sub-envs polled this step whose actions are not sent yet: if the step
+        # raises, their episodes cannot go on (recovered at the next step).
+        self._unsent: set[int] = set()
+        self._to_reset: set[int] = set()
+        # What a raising step or sample had already built: handed out next time.
+        self._undelivered: list = []
+        self._unreturned_batches: list[MultiAgentBatch] = []
+        self._deferred_error: BaseException | None = None
+        self._stopped = False
+
+    # ------------------------------------------------------------------ policies
+
+    @property
+    def env(self) -> BaseEnv:
+        return self._env
+
+    def add_policy(
+        self,
+        policy_id: str,
+        policy_or_spec: Policy | dict,
+        policy_mapping_fn: Callable[..., str] | str | dict | None = None,
+    ) -> Policy | None:
+        """Adds a policy between samples; its spaces come from the agents mapped to it.
+
+        With no agent mapped to it yet (and no spaces in the spec), it is built
+        when its first agent appears; then this returns None.
+        """
+        return self.policy_map.add(policy_id, policy_or_spec, policy_mapping_fn)
+
+    def remove_policy(self, policy_id: str) -> None:
+        """Removes a policy; agents of running episodes that used it are re-mapped.
+
+        All of its live agents must now map to ONE policy, which takes over
+        their unfinished trajectories; anything else would split what was one
+        evaluation group mid-episode, so it raises.
+        """
+        self.policy_map.remove(policy_id)
+        targets: set[str] = set()
+        for episode in self._episodes.active.values():
+            episode.layout = None
+            for agent_id, slot in episode.slots.items():
+                if slot.policy_id == policy_id and not slot.done:
+                    slot.policy_id = episode.policy_for(agent_id, refresh=True)
+                    self.policy_map.entry_for(slot.policy_id, agent_id)
+                    targets.add(slot.policy_id)
+        if len(targets) > 1:
+            raise ValueError(
+                f"removing policy {policy_id!r}: its running agents now map to several policies "
+                f"{sorted(targets)}; a mapping must not split one evaluation group mid-episode"
+            )
+        self._fragments.move_rows(policy_id, targets.pop() if targets else None)
+
+    def set_policy_mapping_fn(self, fn: Callable[..., str] | str | dict) -> None:
+        """New mapping for agents mapped from now on; agents already mapped in a
+        running episode keep their policy unless re-mapped with ``refresh=True``."""
+        self.policy_map.set_mapping_fn(fn)
+
+    def get_spaces(self) -> dict[str, tuple[gym.Space, gym.Space]]:
+        """``policy_id -> (policy input obs space, action space)``."""
+        return self.policy_map.get_spaces()
+
+    def get_weights(self) -> dict[str, Any]:
+        return self.policy_map.get_weights()
+
+    def set_weights(self, weights: dict[str, Any]) -> None:
+        self.policy_map.set_weights(weights)
+
+    def get_state(self) -> dict[str, Any]:
+        """Weights and connector state (e.g. observation filter statistics) per policy."""
+        return self.policy_map.get_state()
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Weights and connector state per policy, as ``get_state`` returns them.
+
+        Connector state is taken over in place: filter statistics are replaced,
+        while running episodes keep their RNN states, previous actions and
+        stacked frames, and each pipeline keeps its train/eval mode.
+        """
+        self.policy_map.set_state(state)
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Config, weights and connector state in one file, written atomically."""
+        return save_checkpoint(self, path)
+
+    @classmethod
+    def restore(
+        cls, path: str | os.PathLike[str], *, overrides: list[str] | None = None, **runner_kwargs: Any
+    ) -> EnvRunner:
+        """A runner rebuilt from ``save()``'s file; callables and ready-made policies go in ``runner_kwargs``."""
+        return restore_checkpoint(path, overrides=overrides, runner_cls=cls, **runner_kwargs)
+
+    # ------------------------------------------------------------------ sampling
+
+    def sample(
+        self,
+        num_env_steps: int | None = None,
+        num_agent_steps: int | None = None,
+        num_episodes: int | None = None,
+    ) -> MultiAgentBatch:
+        """Steps until the target is reached; by default one fragment (or episode) per sub-env.
+
+        If it raises, the fragments it had built are not lost: the next call
+        returns them (and counts them towards its target).
+        """
+        batches = self._unreturned_batches
+        env_steps = sum(b.env_steps() for b in batches)
+        agent_steps = sum(b.agent_steps() for b in batches)
+        start_episodes = self._fragments.built_episodes
+        start_fragments = self._fragments.fragments_per_env.copy()
+        default_target = num_env_steps is None and num_agent_steps is None and num_episodes is None
+        while True:
+            for item in self.step():
+                if isinstance(item, MultiAgentBatch):
+                    batches.append(item)
+                    env_steps += item.env_steps()
+                    agent_steps += item.agent_steps()
+            if default_target and (self._fragments.fragments_per_env > start_fragments).all():
+                break
+            if num_env_steps is not None and env_steps >= num_env_steps:
+                break
+            if num_agent_steps is not None and agent_steps >= num_agent_steps:
+                break
+            if num_episodes is not None and self._fragments.built_episodes - start_episodes >= num_episodes:
+                break
+        self._unreturned_batches = []
+        samples = concat_samples(batches)
+        if "on_sample_end" in self._hooks:
+            self.callbacks.on_sample_end(runner=self, samples=samples)
+        return samples
+
+    def step(self) -> list:
+        """One poll / evaluate / send round; returns built batches and episode metrics.
+
+        Any exception leaves the runner usable: the sub-envs whose step did not
+        finish lose their running episode (recorded as faulty) and are reset,
+        and what the step had built is returned by the next step.
+        """
+        if self._stopped:
+            raise RuntimeError("this EnvRunner was stopped; build a new one to sample again")
+        outputs, self._undelivered = self._undelivered, []
+        try:
+            if self._unsent:
+                self._recover_interrupted_step(outputs)
+            marks = [perf_counter()]
+            polled = self._poll()
+            marks.append(perf_counter())
+            rows_by_policy = self._process_observations(polled, outputs)
+            marks.append(perf_counter())
+            policy_outputs = self._evaluate_policies(rows_by_policy)
+            marks.append(perf_counter())
+            actions = self._process_policy_outputs(rows_by_policy, policy_outputs, polled, outputs)
+            marks.append(perf_counter())
+            self._send_actions(actions)
+            marks.append(perf_counter())
+            self._record_perf_stats(marks)
+        except BaseException:
+            self._undelivered = outputs
+            raise
+        if self._deferred_error is not None:
+            error, self._deferred_error = self._deferred_error, None
+            self._undelivered = outputs
+            raise error
+        return outputs
+
+    # ---- step 1
+
+    def _poll(self) -> tuple:
+        polled = self._env.poll()
+        self._unsent.update(polled[0])
+        return polled
+
+    # ---- step 2
+
+    def _process_observations(self, polled: tuple, outputs: list) -> dict[str, AgentRows]:
+        """Raw env data of this round, the reset obs of sub-envs reset in it, through the
+        agent connectors: one set of rows per policy."""
+        obs, rewards, terminateds, truncateds, infos, _ = polled
+        round_ = Round()
+        episodes = self._episodes
+        to_reset, self._to_reset = self._to_reset, set()
+        stepped, ended = [], []
+        for env_id, env_obs in obs.items():
+            if env_id in to_reset:
+                continue  # left over from a step that did not finish; the reset replaces it
+            env_terminateds = terminateds.get(env_id) or {}
+            env_truncateds = truncateds.get(env_id) or {}
+            if isinstance(env_obs, BaseException):
+                if not env_terminateds.get("__all__"):
+                    raise AssertionError(
+                        f"sub-env {env_id} returned an exception but its terminateds['__all__'] "
+                        f"is not True: a failed sub-env must end its episode ({env_obs!r})"
+                    )
+                outputs.append(episodes.drop(env_id, env_obs))
+                self._defer(episodes.recover, env_id, env_obs)
+                to_reset.add(env_id)
+                continue
+            episode = episodes.episode_for(env_id)
+            if episode.length:
+                stepped.append(episode)
+            self._collector.collect(
+                round_, episode, env_obs, rewards.get(env_id) or {}, env_terminateds,
+                env_truncateds, infos.get(env_id) or {},
+            )
+            if env_terminateds.get("__all__") or env_truncateds.get("__all__"):
+                ended.append(episode)
+        if stepped:
+            self._count_env_steps(stepped)
+        for episode in ended:
+            outputs.append(episodes.end(episode))
+            to_reset.add(episode.env_id)
+        for env_id in sorted(to_reset):
+            self._reset_sub_env(round_, env_id, outputs)
+        entries = self.policy_map.entries
+        return {
+            pid: entries[pid].agent_pipeline(rows)
+            for pid, rows in round_.to_agent_rows(self._key_table).items()
+        }
+
+    def _reset_sub_env(self, round_: Round, env_id: int, outputs: list) -> None:
+        """Connectors forget the sub-env, which is reset; its reset obs join this round."""
+        for entry in self.policy_map.entries.values():
+            entry.agent_pipeline.reset(env_id)
+        reset = self._defer(self._episodes.reset, env_id, outputs)
+        if reset is not None:
+            episode, reset_obs, reset_infos = reset
+            self._collector.collect(round_, episode, reset_obs, {}, {}, {}, reset_infos)
+
+    def _count_env_steps(self, stepped: list) -> None:
+        env_ids = [episode.env_id for episode in stepped]
+        self._fragments.count_env_steps(env_ids)
+        self._num_env_steps_total += len(env_ids)
+        self._metrics.num_env_steps += len(env_ids)
+        self._episodes.stepped(stepped)
+
+    # ---- step 3
+
+    def _evaluate_policies(self, rows_by_policy: dict[str, AgentRows]) -> PolicyOutputs:
+        """ONE forward pass per policy over all its rows that need an action."""
+        outputs = {}
+        explore = self.config.explore
+        for policy_id, rows in rows_by_policy.items():
+            needs_action = ~(rows["terminateds"] | rows["truncateds"])
+            if needs_action.all():
+                input_rows = rows
+            elif needs_action.any():
+                input_rows = rows.select(needs_action)
+            else:
+                continue
+            policy = self.policy_map[policy_id]
+            outputs[policy_id] = (
+                needs_action,
+                input_rows,
+                policy.compute_actions_from_input_dict(
+                    input_rows, explore=explore, timestep=self._num_env_steps_total
+                ),
+            )
+        return outputs
+
+    # ---- step 4
+
+    def _process_policy_outputs(
+        self,
+        rows_by_policy: dict[str, AgentRows],
+        policy_outputs: PolicyOutputs,
+        polled: tuple,
+        outputs: list,
+    ) -> dict[int, dict]:
+        """Action connectors and env-bound actions per sub-env; the round's rows go to the
+        trajectories (the raw or off-policy actions), and fragments now due are built."""
+        awaiting = self._episodes.awaiting_reset
+        actions_by_env: dict[int, dict] = {env_id: {} for env_id in polled[0] if env_id not in awaiting}
+        off_policy = {env_id: logged for env_id, logged in polled[5].items() if logged}
+        for policy_id, rows in rows_by_policy.items():
+            entry = self.policy_map.entries[policy_id]
+            chunk = stored_columns(rows)
+            evaluated = policy_outputs.get(policy_id)
+            if evaluated is not None:
+                needs_action, input_rows, (actions, state_outs, extra) = evaluated
+                action_rows = ActionRows(
+                    actions=actions, state_outs=state_outs, extra=extra,
+                    keys=input_rows["keys"], env_ids=input_rows["env_ids"],
+                    agent_ids=input_rows["agent_ids"], input_rows=input_rows,
+                )
+                env_actions = entry.action_pipeline(action_rows).actions
+                distribute_actions(actions_by_env, input_rows, env_actions)
+                action_columns = {"actions": actions, **extra}
+                for i, state in enumerate(state_outs):
+                    action_columns[f"state_out_{i}"] = state
+                if off_policy:
+                    apply_off_policy_actions(action_columns, input_rows, off_policy)
+                    action_rows = action_rows.replace(actions=action_columns["actions"])
+                # Stateful connectors (previous action, RNN state) see what is stored.
+                entry.agent_pipeline.on_policy_output(action_rows)
+                chunk.update(scatter(action_columns, needs_action, len(rows)))
+            closing_env_ids = rows["env_ids"][~rows["is_first"]]
+            self._fragments.add_rows(policy_id, chunk, closing_env_ids)
+            self._metrics.num_agent_steps += len(closing_env_ids)
+        outputs.extend(self._fragments.build_ready(self._postprocess))
+        return actions_by_env
+
+    def _postprocess(self, built: dict[str, tuple[SampleBatch, np.ndarray]]) -> dict[str, SampleBatch]:
+        entries = self.policy_map.entries
+        wanting = frozenset(pid for pid, e in entries.items() if e.wants_postprocess)
+        hook = None
+        if "on_postprocess_trajectory" in self._hooks:
+            def hook(**kwargs: Any) -> None:
+                self.callbacks.on_postprocess_trajectory(
+                    runner=self, worker=self, policies=self.policy_map, **kwargs
+                )
+        return postprocess_trajectories(built, self.policy_map, wanting, self._key_table, hook)
+
+    # ---- step 5
+
+    def _send_actions(self, actions: dict[int, dict]) -> None:
+        self._env.send_actions(actions)
+        self._unsent.clear()
+
+    # ---- step 6
+
+    def _record_perf_stats(self, marks: list[float]) -> None:
+        """Milliseconds per phase: env wait is the poll plus the send."""
+        poll, observations, inference, outputs, send = np.diff(marks).tolist()
+        for phase, seconds in zip(PHASES, (observations, inference, outputs, poll + send)):
+            self._perf.add(phase, seconds)
+        self._perf.end_step()
+
+    # ---- faults
+
+    def _defer(self, action: Callable[..., Any], *args: Any) -> Any:
+        """Runs ``action``; a SubEnvError it raises waits for the end of the step, so the
+        other sub-envs' data of this round is processed and kept first."""
+        try:
+            return action(*args)
+        except SubEnvError as error:
+            if self._deferred_error is None:
+                self._deferred_error = error
+            return None
+
+    def _recover_interrupted_step(self, outputs: list) -> None:
+        """The last step raised before its actions were sent: the polled sub-envs'
+        episodes cannot go on. They are dropped (no training data) and reset."""
+        interrupted = sorted(self._unsent)
+        self._unsent.clear()
+        for env_id in interrupted:
+            if env_id in self._episodes.active:
+                error = InterruptedStepError(
+                    f"sub-env {env_id}: the runner step in which its episode was running raised"
+                )
+                outputs.append(self._episodes.drop(env_id, error))
+            self._fragments.drop_env(env_id)
+            self._to_reset.add(env_id)
+
+    # ------------------------------------------------------------------ metrics, life cycle
+
+    def get_metrics(self) -> dict[str, Any]:
+        """Metrics since the last call (see docs for the keys)."""
+        return self._metrics.summary(self._perf.get(), self.policy_map.pop_connector_timings())
+
+    def stop(self) -> None:
+        """Ends the vector env (workers, actors); the runner cannot sample afterwards."""
+        self._stopped = True
+        self._env.stop()
+
+    def __enter__(self) -> EnvRunner:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
