@@ -158,8 +158,10 @@ def _with_defaults(cls: type[Connector], params: Mapping[str, Any]) -> dict[str,
 class AgentConnector(Connector):
     """Transforms one policy's rows of one round (may change, add or drop rows).
 
-    Override ``transform`` for a per-item connector, or ``__call__`` to work
-    on whole columns. A connector that changes the observation declares it in
+    Override ``transform`` for a per-item connector (it sees one
+    ``AgentConnectorDataType`` at a time, with SPEC's keys ``t, env_id,
+    agent_index, rewards, terminateds, truncateds, infos, new_obs``), or
+    ``__call__`` to work on whole columns (``AgentRows``, obs in ``"obs"``). A connector that changes the observation declares it in
     ``output_observation_space`` so a pipeline is checked when it is built.
     """
 
@@ -211,8 +213,34 @@ class ActionConnector(Connector):
     """Transforms a policy's output for the env; changes ``actions`` only.
 
     Returns a new ``ActionRows`` rather than changing the given one, so the
-    runner still holds the raw policy actions for the trajectory.
+    runner still holds the raw policy actions for the trajectory. A connector
+    that changes the action space declares it in ``input_action_space``: the
+    pipeline folds the chain back from the env's action space to the policy's
+    (the space the policy acts in), checked when the pipeline is built.
     """
+
+    def __init__(self, ctx: ConnectorContext) -> None:
+        super().__init__(ctx)
+        self._output_space: gym.Space | None = None
+
+    @property
+    def output_action_space(self) -> gym.Space:
+        """The space this connector's output must fit: set by its pipeline, else the env's."""
+        return self.ctx.action_space if self._output_space is None else self._output_space
+
+    def bind_output_space(self, space: gym.Space) -> gym.Space:
+        """Fix the output space (the pipeline calls this) and return the space taken.
+
+        Raises ``ConnectorError`` when the connector cannot output ``space``.
+        Connectors that precompute work for their output space override this.
+        """
+        taken = self.input_action_space(space)
+        self._output_space = space
+        return taken
+
+    def input_action_space(self, space: gym.Space) -> gym.Space:
+        """The action space this connector takes when its output goes into ``space``."""
+        return space
 
     def __call__(self, out: ActionRows) -> ActionRows:
         """Batch path; by default runs ``transform`` on each row."""

@@ -21,20 +21,40 @@ if TYPE_CHECKING:
 
     from typing_extensions import Self
 
-#: Bookkeeping columns the runner fills in and reads back; not stored as data.
-META_COLUMNS = frozenset({"infos", "env_ids", "agent_ids", "keys", "is_first"})
+#: THE bookkeeping columns: the runner fills them in and reads them back; connectors
+#: that transform data columns (e.g. flattening) leave them alone.
+META_COLUMNS = frozenset(
+    {"infos", "env_ids", "agent_ids", "agent_index", "t", "keys", "is_first"}
+)
 
-#: Columns a per-item connector sees as item fields rather than in ``data``.
-_ITEM_FIELD_COLUMNS = ("env_ids", "agent_ids")
+#: Columns the per-item view hides: they travel on the item (``bookkeeping``) so that
+#: a row survives the round trip through a per-item connector.
+_HIDDEN_COLUMNS = ("keys", "is_first")
+
+#: Column name -> key in the per-item view (SPEC's names); other columns keep theirs.
+#: ``agent_ids`` is the item's ``agent_id`` field; ``env_ids`` also is its ``env_id`` field.
+_ITEM_KEYS = {"obs": "new_obs", "env_ids": "env_id"}
+_COLUMN_NAMES = {key: column for column, key in _ITEM_KEYS.items()}
 
 
 @dataclass
 class AgentConnectorDataType:
-    """One agent's row: ``data`` maps column name to this row's value."""
+    """One agent's row as a per-item connector sees it.
+
+    ``data`` holds SPEC's keys ``t, env_id, agent_index, rewards, terminateds,
+    truncateds, infos, new_obs`` (``new_obs`` is the observation just
+    received; ``t`` its index in the agent's episode, 0 on the first) plus
+    any column an earlier connector added (``action_mask``, ``state_in_0``,
+    ``prev_actions`` ...). To move a row to another env or agent change the
+    ``env_id`` / ``agent_id`` fields (``data["env_id"]`` is a read-only copy).
+    ``bookkeeping`` is the runner's (trajectory key, first-row flag): copy an
+    item (``copy.deepcopy``) to add a row, never fill it by hand.
+    """
 
     env_id: int
     agent_id: Any
     data: dict[str, Any]
+    bookkeeping: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
 
 @dataclass
@@ -154,15 +174,21 @@ class AgentRows:
         return AgentRows({name: _index_column(col, index) for name, col in self.columns.items()})
 
     def to_items(self) -> list[AgentConnectorDataType]:
-        """One item per row; ``env_ids``/``agent_ids`` become the item's fields."""
+        """One item per row, in the per-item view (see ``AgentConnectorDataType``)."""
         env_ids = self.columns.get("env_ids")
         agent_ids = self.columns.get("agent_ids")
-        data_columns = {n: c for n, c in self.columns.items() if n not in _ITEM_FIELD_COLUMNS}
+        visible = {
+            _ITEM_KEYS.get(name, name): column
+            for name, column in self.columns.items()
+            if name not in _HIDDEN_COLUMNS and name != "agent_ids"
+        }
+        hidden = {name: self.columns[name] for name in _HIDDEN_COLUMNS if name in self.columns}
         return [
             AgentConnectorDataType(
                 env_id=None if env_ids is None else int(env_ids[i]),
                 agent_id=None if agent_ids is None else agent_ids[i],
-                data={name: _row_value(col, i) for name, col in data_columns.items()},
+                data={key: _row_value(column, i) for key, column in visible.items()},
+                bookkeeping={name: column[i] for name, column in hidden.items()},
             )
             for i in range(len(self))
         ]
@@ -171,30 +197,53 @@ class AgentRows:
     def from_items(
         cls, items: Sequence[AgentConnectorDataType], like: AgentRows | None = None
     ) -> Self:
-        """Rows from items; columns of ``like`` keep their kind (array or list).
+        """Rows from items (per-item view back to columns); columns of ``like`` keep their kind.
 
         New columns become arrays when every value is a number or array,
-        else lists.
+        else lists. ``env_ids`` / ``agent_ids`` come from the items' fields.
         """
-        names: list[str] = list(like.columns) if like is not None and not items else []
+        keys: list[str] = []
+        if like is not None and not items:
+            keys = [_ITEM_KEYS.get(n, n) for n in like.columns if n not in _HIDDEN_COLUMNS]
         for item in items:
-            names.extend(n for n in item.data if n not in names)
-        names = [n for n in names if n not in _ITEM_FIELD_COLUMNS]
+            keys.extend(k for k in item.data if k not in keys)
         columns: dict[str, Any] = {}
-        for name in names:
-            values = []
-            for position, item in enumerate(items):
-                if name not in item.data:
-                    raise ConnectorError(
-                        f"item {position} has no {name!r} value; other items have one"
-                    )
-                values.append(item.data[name])
-            columns[name] = _stack_column(
-                name, values, like.get(name) if like is not None else None
-            )
+        for key in keys:
+            if key in ("env_id", "agent_ids"):
+                continue
+            if key in _ITEM_KEYS:
+                raise ConnectorError(
+                    f"item key {key!r} is the runner's column name; in the per-item view "
+                    f"it is {_ITEM_KEYS[key]!r}"
+                )
+            name = _COLUMN_NAMES.get(key, key)
+            values = [_item_value(item, position, key) for position, item in enumerate(items)]
+            columns[name] = _stack_column(name, values, like.get(name) if like is not None else None)
+        for name in _HIDDEN_COLUMNS:
+            if like is not None and name in like.columns or any(name in i.bookkeeping for i in items):
+                values = [_bookkeeping_value(item, position, name) for position, item in enumerate(items)]
+                columns[name] = _stack_column(name, values, like.get(name) if like is not None else None)
         columns["env_ids"] = np.asarray([item.env_id for item in items], dtype=np.int64)
         columns["agent_ids"] = [item.agent_id for item in items]
         return cls(columns)
+
+
+def _item_value(item: AgentConnectorDataType, position: int, key: str) -> Any:
+    try:
+        return item.data[key]
+    except KeyError:
+        raise ConnectorError(f"item {position} has no {key!r} value; other items have one") from None
+
+
+def _bookkeeping_value(item: AgentConnectorDataType, position: int, name: str) -> Any:
+    try:
+        return item.bookkeeping[name]
+    except KeyError:
+        raise ConnectorError(
+            f"item {position} (agent {item.agent_id!r}) has no trajectory bookkeeping "
+            f"({name!r}): a connector that adds a row must copy an existing item "
+            "(copy.deepcopy(item)) and change that"
+        ) from None
 
 
 @dataclass
@@ -220,6 +269,24 @@ class ActionRows:
     def replace(self, **changes: Any) -> ActionRows:
         """A copy with some fields changed (connectors never mutate their input)."""
         return replace(self, **changes)
+
+    @classmethod
+    def of_item(cls, item: ActionConnectorDataType) -> ActionRows:
+        """One row holding ``item`` (so a pipeline can run on a single item)."""
+        action, state_outs, extra = item.output
+
+        def one_row(value: Any) -> np.ndarray:
+            return np.asarray(value)[None]
+
+        return cls(
+            actions=tree.map_structure(one_row, action),
+            state_outs=[one_row(state) for state in state_outs],
+            extra={name: tree.map_structure(one_row, value) for name, value in extra.items()},
+            keys=np.zeros(1, dtype=np.int64),
+            env_ids=np.asarray([item.env_id], dtype=np.int64),
+            agent_ids=[item.agent_id],
+            input_rows=AgentRows({name: [value] for name, value in item.input_dict.items()}),
+        )
 
     def to_items(self) -> list[ActionConnectorDataType]:
         """One item per row, with the row of ``input_rows`` as its ``input_dict``."""

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from connectors.errors import ConnectorError
-from connectors.imports import import_object, import_path_of
+from connectors.imports import ImportPathError, import_object, import_path_of
 
 
 class FunctionConnector:
@@ -20,9 +20,14 @@ class FunctionConnector:
     register_hint = "register_lambda_agent_connector"
 
     def _set_function(self, fn: Callable[[Any], Any] | str) -> None:
-        self.fn = import_object(fn) if isinstance(fn, str) else fn
+        try:
+            self.fn = import_object(fn) if isinstance(fn, str) else fn
+        except ImportPathError as err:
+            raise ConnectorError(f"{type(self).__name__}: fn: {err}", param="fn") from None
         if not callable(self.fn):
-            raise ConnectorError(f"{type(self).__name__}: fn must be callable, got {fn!r}")
+            raise ConnectorError(
+                f"{type(self).__name__}: fn must be callable, got {fn!r}", param="fn"
+            )
 
     def transform(self, item: Any) -> Any:
         return self.fn(item)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, NamedTuple, TypeVar, o
 import gymnasium as gym
 
 from connectors.base import ActionConnector, AgentConnector, Connector, ConnectorContext
-from connectors.data import ActionRows, AgentRows
+from connectors.data import ActionConnectorDataType, ActionRows, AgentConnectorDataType, AgentRows
 from connectors.errors import ConnectorError
 
 if TYPE_CHECKING:
@@ -300,8 +300,17 @@ class AgentConnectorPipeline(ConnectorPipeline[AgentConnector]):
         """Re-derive the spaces, e.g. after ``ctx.view_requirements`` changed."""
         self.output_observation_space = self._fold_spaces(self._connectors)
 
-    def __call__(self, rows: AgentRows) -> AgentRows:
-        return self._run(rows)
+    @overload
+    def __call__(self, rows: AgentRows) -> AgentRows: ...
+    @overload
+    def __call__(self, rows: list[AgentConnectorDataType]) -> list[AgentConnectorDataType]: ...
+    def __call__(
+        self, rows: AgentRows | list[AgentConnectorDataType]
+    ) -> AgentRows | list[AgentConnectorDataType]:
+        """Runs the chain on one round's rows, or on items (and returns items)."""
+        if isinstance(rows, AgentRows):
+            return self._run(rows)
+        return self._run(AgentRows.from_items(rows)).to_items()
 
     def on_policy_output(self, output: ActionRows) -> None:
         """Tell every connector what the policy did (RNN state, previous actions)."""
@@ -310,10 +319,46 @@ class AgentConnectorPipeline(ConnectorPipeline[AgentConnector]):
 
 
 class ActionConnectorPipeline(ConnectorPipeline[ActionConnector]):
-    """Runs action connectors on a policy's ``ActionRows``; actions only change."""
+    """Runs action connectors on a policy's ``ActionRows``; actions only change.
+
+    ``input_action_space`` is the policy's action space: each connector's
+    ``input_action_space`` folded back from the env's action space (the last
+    connector's output), recomputed on every chain change.
+    """
 
     connector_type = ActionConnector
     kind = "action"
 
-    def __call__(self, output: ActionRows) -> ActionRows:
-        return self._run(output)
+    def __init__(self, ctx: ConnectorContext, connectors: Iterable[ActionConnector] = ()) -> None:
+        self.input_action_space: gym.Space = ctx.action_space
+        super().__init__(ctx, connectors)
+
+    def _fold_spaces(self, chain: Sequence[ActionConnector]) -> gym.Space:
+        space = self.ctx.action_space
+        target = "its output goes to the env's action space"
+        for connector in reversed(chain):
+            try:
+                space = connector.bind_output_space(space)
+            except ConnectorError as err:
+                raise ConnectorError(f"{type(self).__name__}: {err} ({target})") from None
+            target = f"its output goes to {type(connector).__name__}"
+        return space
+
+    def _check(self, chain: list[ActionConnector]) -> None:
+        try:
+            self.input_action_space = self._fold_spaces(chain)
+        except ConnectorError:
+            self._fold_spaces(self._connectors)  # re-bind the unchanged chain as it was
+            raise
+
+    @overload
+    def __call__(self, output: ActionRows) -> ActionRows: ...
+    @overload
+    def __call__(self, output: ActionConnectorDataType) -> ActionConnectorDataType: ...
+    def __call__(
+        self, output: ActionRows | ActionConnectorDataType
+    ) -> ActionRows | ActionConnectorDataType:
+        """Runs the chain on a policy's output rows, or on one item (and returns an item)."""
+        if isinstance(output, ActionRows):
+            return self._run(output)
+        return self._run(ActionRows.of_item(output)).to_items()[0]

@@ -61,7 +61,7 @@ class AddToObs(AgentConnector):
         return {"amount": self.amount}
 
     def transform(self, item: AgentConnectorDataType) -> AgentConnectorDataType:
-        item.data["obs"] = item.data["obs"] + self.amount
+        item.data["new_obs"] = item.data["new_obs"] + self.amount
         return item
 
 

@@ -393,7 +393,7 @@ def test_frame_stacking_needs_a_box():
 
 
 def scale_obs(item: AgentConnectorDataType) -> AgentConnectorDataType:
-    item.data["obs"] = item.data["obs"] * 2
+    item.data["new_obs"] = item.data["new_obs"] * 2
     return item
 
 

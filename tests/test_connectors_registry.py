@@ -143,7 +143,7 @@ def test_yaml_style_spec_lists(ctx):
         (["ObsPreprocessorConnector", 42], r"spec #1 is 42: expected a connector name"),
         ([{"limit": 1.0}], r"spec #0 .*expected .*name"),
         (["ObsPreprocessorConnector", "Nope"], r"spec #1: unknown connector 'Nope'"),
-        (["ConvertToNumpyConnector"], r"spec #0 is ConvertToNumpyConnector, not an AgentConnector"),
+        (["ConvertToNumpyConnector"], r"spec #0 is ConvertToNumpyConnector, an action connector, not an AgentConnector"),
         ("ObsPreprocessorConnector", "must be given as a list"),
     ],
 )

@@ -71,14 +71,40 @@ def _clip_box(space: gym.spaces.Box) -> LeafFn | None:
     return clip
 
 
+def _unit_box(space: gym.spaces.Box) -> gym.spaces.Box:
+    """``space`` with [-1, 1] wherever unsquashing applies (finite float bounds)."""
+    finite = np.isfinite(space.low) & np.isfinite(space.high)
+    if not np.issubdtype(space.dtype, np.floating) or not finite.any():
+        return space
+    low = np.where(finite, -1.0, space.low).astype(space.dtype)
+    high = np.where(finite, 1.0, space.high).astype(space.dtype)
+    return gym.spaces.Box(low, high, dtype=space.dtype)
+
+
+def _map_boxes(space: gym.Space, box_fn: Callable[[gym.spaces.Box], gym.Space]) -> gym.Space:
+    """``space`` with ``box_fn`` applied to every Box inside it (Dict/Tuple kept)."""
+    if isinstance(space, gym.spaces.Box):
+        return box_fn(space)
+    if isinstance(space, gym.spaces.Dict):
+        return gym.spaces.Dict({k: _map_boxes(v, box_fn) for k, v in space.spaces.items()})
+    if isinstance(space, gym.spaces.Tuple):
+        return gym.spaces.Tuple([_map_boxes(v, box_fn) for v in space.spaces])
+    return space
+
+
 class _BoxActionConnector(ActionConnector):
-    """Applies a per-Box function to every Box part of ``ctx.action_space``."""
+    """Applies a per-Box function to every Box part of the action space it outputs."""
 
     _box_fn: Callable[[gym.spaces.Box], LeafFn | None]
 
     def __init__(self, ctx: ConnectorContext) -> None:
         super().__init__(ctx)
         self._apply = _compile(ctx.action_space, type(self)._box_fn)
+
+    def bind_output_space(self, space: gym.Space) -> gym.Space:
+        taken = super().bind_output_space(space)
+        self._apply = _compile(space, type(self)._box_fn)
+        return taken
 
     def __call__(self, out: ActionRows) -> ActionRows:
         if self._apply is None:
@@ -90,10 +116,15 @@ class NormalizeActionsConnector(_BoxActionConnector):
     """Maps Box actions from [-1, 1] (the policy's range) onto the space's bounds.
 
     Inputs are clipped to [-1, 1] first; dimensions with an infinite bound,
-    integer Boxes and non-Box parts pass unchanged. Reads and writes: ``actions``.
+    integer Boxes and non-Box parts pass unchanged. The space it takes (so
+    the policy's action space) is the env's with [-1, 1] for those Box
+    dimensions. Reads and writes: ``actions``.
     """
 
     _box_fn = staticmethod(_unsquash_box)
+
+    def input_action_space(self, space: gym.Space) -> gym.Space:
+        return _map_boxes(space, _unit_box)
 
 
 class ClipActionsConnector(_BoxActionConnector):

@@ -22,7 +22,9 @@ class ClipRewardAgentConnector(AgentConnector):
     ) -> None:
         super().__init__(ctx)
         if limit is not None and not limit > 0:
-            raise ConnectorError(f"ClipRewardAgentConnector: limit must be > 0, got {limit!r}")
+            raise ConnectorError(
+                f"ClipRewardAgentConnector: limit must be > 0, got {limit!r}", param="limit"
+            )
         self.sign = bool(sign)
         self.limit = None if limit is None else float(limit)
 
