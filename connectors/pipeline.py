@@ -280,11 +280,13 @@ class AgentConnectorPipeline(ConnectorPipeline[AgentConnector]):
     def _fold_spaces(self, chain: Sequence[AgentConnector]) -> gym.Space:
         space = self.ctx.observation_space
         source = "its input is the env's observation space"
-        for connector in chain:
+        for position, connector in enumerate(chain):
             try:
                 out = connector.bind_input_space(space)
             except ConnectorError as err:
-                raise ConnectorError(f"{type(self).__name__}: {err} ({source})") from None
+                raise ConnectorError(
+                    f"{type(self).__name__}: {err} ({source})", index=position, param=err.param
+                ) from None
             source = f"its input comes from {type(connector).__name__}"
             space = out
         return space
@@ -336,11 +338,14 @@ class ActionConnectorPipeline(ConnectorPipeline[ActionConnector]):
     def _fold_spaces(self, chain: Sequence[ActionConnector]) -> gym.Space:
         space = self.ctx.action_space
         target = "its output goes to the env's action space"
-        for connector in reversed(chain):
+        for position in reversed(range(len(chain))):
+            connector = chain[position]
             try:
                 space = connector.bind_output_space(space)
             except ConnectorError as err:
-                raise ConnectorError(f"{type(self).__name__}: {err} ({target})") from None
+                raise ConnectorError(
+                    f"{type(self).__name__}: {err} ({target})", index=position, param=err.param
+                ) from None
             target = f"its output goes to {type(connector).__name__}"
         return space
 
