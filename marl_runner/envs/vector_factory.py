@@ -10,8 +10,7 @@ from marl_runner.envs.errors import EnvError
 from marl_runner.envs.registry import EnvFactory
 from marl_runner.envs.subprocess_vector_env import SubprocessVectorEnv
 from marl_runner.envs.sync_vector_env import SyncVectorEnv
-
-VECTORIZE_CHOICES = ("sync", "subprocess", "ray", "external")
+from marl_runner.envs.vectorize import VECTORIZE_MODES as VECTORIZE_CHOICES
 
 
 def make_vector_env(config: Any) -> BaseEnv:
