@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import pickle
 
@@ -27,6 +29,7 @@ from marl_runner.checkpoint import (
     load_checkpoint,
     restore_checkpoint,
     save_checkpoint,
+    write_checkpoint,
 )
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -93,11 +96,13 @@ def test_saving_again_replaces_the_checkpoint_atomically(tmp_path, monkeypatch):
         second = path.read_bytes()
         assert second != first
 
-        def crash(payload, file, protocol):
-            file.write(b"half a checkpoint")
+        real_encode = checkpoint_module._encode_file
+
+        def crash(payload, target):
+            real_encode(payload, target)
             raise KeyboardInterrupt
 
-        monkeypatch.setattr(checkpoint_module.pickle, "dump", crash)
+        monkeypatch.setattr(checkpoint_module, "_encode_file", crash)
         with pytest.raises(KeyboardInterrupt):
             save_checkpoint(runner, path)
     assert path.read_bytes() == second  # the old checkpoint is intact
@@ -138,7 +143,7 @@ def test_a_checkpointed_policy_the_runner_lacks_is_an_error(tmp_path):
         save_checkpoint(runner, path)
     payload = load_checkpoint(path)
     payload["policies"]["zombie"] = payload["policies"]["knight"]
-    path.write_bytes(pickle.dumps(payload))
+    write_checkpoint(payload, path)
     with pytest.raises(CheckpointError, match=r"no policies \['zombie'\]"):
         restore_checkpoint(path)
 
@@ -147,14 +152,92 @@ def test_files_that_are_not_checkpoints_are_rejected(tmp_path):
     with pytest.raises(CheckpointError, match="cannot read"):
         restore_checkpoint(tmp_path / "missing.pkl")
     garbage = tmp_path / "garbage.pkl"
-    garbage.write_bytes(b"not a pickle")
-    with pytest.raises(CheckpointError, match="not a readable"):
+    garbage.write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match=r"garbage.pkl is not a marl-runner checkpoint"):
         load_checkpoint(garbage)
-    other = tmp_path / "other.pkl"
-    other.write_bytes(pickle.dumps({"format": "something-else"}))
-    with pytest.raises(CheckpointError, match="not a marl-runner checkpoint"):
-        load_checkpoint(other)
-    newer = tmp_path / "newer.pkl"
-    newer.write_bytes(pickle.dumps({"format": FORMAT_NAME, "version": FORMAT_VERSION + 1}))
-    with pytest.raises(CheckpointError, match="version"):
+    old_pickle = tmp_path / "old.pkl"
+    old_pickle.write_bytes(pickle.dumps({"format": FORMAT_NAME, "version": 1}))
+    with pytest.raises(CheckpointError, match=r"old.pkl is a pickle .*not loaded"):
+        load_checkpoint(old_pickle)
+
+
+class Payload:
+    """Creates a marker file when unpickled: a checkpoint must never do that."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_a_crafted_pickle_payload_never_runs(tmp_path):
+    marker = tmp_path / "pwned"
+    evil = tmp_path / "evil.ckpt"
+    evil.write_bytes(pickle.dumps({"format": FORMAT_NAME, "x": Payload(str(marker))}))
+    with pytest.raises(CheckpointError):
+        restore_checkpoint(evil)
+    # The same payload behind a valid header and checksum: still only JSON and raw bytes.
+    header = json.dumps({"format": FORMAT_NAME, "version": FORMAT_VERSION}).encode()
+    body = checkpoint_module._PREFIX.pack(b"MARLCKPT", FORMAT_VERSION, len(header)) + header
+    body += pickle.dumps(Payload(str(marker)))
+    evil.write_bytes(body + hashlib.sha256(body).digest())
+    with pytest.raises(CheckpointError, match="no 'arrays' list"):
+        restore_checkpoint(evil)
+    assert not marker.exists()
+
+
+@pytest.fixture(scope="module")
+def saved_checkpoint(tmp_path_factory):
+    path = tmp_path_factory.mktemp("ckpt") / "runner.ckpt"
+    with EnvRunner(filtered_kaz_config(seed=2)) as runner:
+        runner.sample()
+        save_checkpoint(runner, path)
+    return path
+
+
+def test_every_flipped_byte_is_detected(saved_checkpoint, tmp_path):
+    data = saved_checkpoint.read_bytes()
+    rng = np.random.default_rng(0)
+    positions = {0, 8, 12, 20, len(data) // 2, len(data) - 33, len(data) - 1}
+    positions |= set(rng.integers(0, len(data), 200).tolist())
+    corrupt = tmp_path / "corrupt.ckpt"
+    for position in sorted(positions):
+        flipped = bytearray(data)
+        flipped[position] ^= 1 << int(rng.integers(8))
+        corrupt.write_bytes(bytes(flipped))
+        with pytest.raises(CheckpointError, match="corrupt.ckpt"):
+            load_checkpoint(corrupt)
+    for start in rng.integers(0, len(data) - 8, 20).tolist():  # 8 random bytes at once
+        changed = bytearray(data)
+        changed[start : start + 8] = rng.integers(0, 256, 8, dtype=np.uint8).tobytes()
+        if bytes(changed) == data:
+            continue
+        corrupt.write_bytes(bytes(changed))
+        with pytest.raises(CheckpointError, match="corrupt.ckpt"):
+            load_checkpoint(corrupt)
+
+
+def test_truncated_and_wrong_version_files_are_rejected(saved_checkpoint, tmp_path):
+    data = saved_checkpoint.read_bytes()
+    short = tmp_path / "short.ckpt"
+    for length in (0, 5, 20, 40, len(data) // 2, len(data) - 1):
+        short.write_bytes(data[:length])
+        with pytest.raises(CheckpointError, match="short.ckpt"):
+            load_checkpoint(short)
+    payload = load_checkpoint(saved_checkpoint)
+    newer = tmp_path / "newer.ckpt"
+    body = bytearray(data[:-32])
+    body[8:12] = (FORMAT_VERSION + 1).to_bytes(4, "little")
+    newer.write_bytes(bytes(body) + hashlib.sha256(bytes(body)).digest())
+    with pytest.raises(CheckpointError, match=r"newer.ckpt: checkpoint version 3 is not supported"):
         load_checkpoint(newer)
+    assert payload["version"] == FORMAT_VERSION
+
+
+def test_the_file_holds_json_and_raw_arrays_only(saved_checkpoint):
+    data = saved_checkpoint.read_bytes()
+    assert data.startswith(b"MARLCKPT") and b"\x80\x05" not in data[:20]
+    payload = load_checkpoint(saved_checkpoint)
+    weights = payload["policies"]["archer"]["weights"]
+    assert all(type(w) is np.ndarray and w.flags.writeable for w in weights.values())
