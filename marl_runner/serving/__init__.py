@@ -1,0 +1,1 @@
+"""Serving policies over HTTP to external simulators: server, codec, request checks, CLI."""

@@ -1,0 +1,394 @@
+"""`PolicyServer`: an EnvRunner with `vectorize: external` behind an HTTP endpoint.
+
+Standard library only (`http.server`, one thread per connection, HTTP/1.1
+keep-alive). Each request is one of the five external-env calls, or, for
+clients that run the policies themselves (`inference_mode="local"`), a
+download of the spaces/config and of the current weights and connector
+state, or an upload of experience batches. Bodies use `codec` (never
+pickle); every value is checked (`validation`) before it reaches the env,
+so a bad request costs a 4xx, never the server.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from marl_runner.config import space_to_spec
+from marl_runner.envs.external_episodes import ExternalEnvStopped
+from marl_runner.envs.external_vector_env import ExternalVectorEnv
+from marl_runner.serving import codec
+from marl_runner.serving.batches import batch_from_value
+from marl_runner.serving.validation import (
+    RequestError,
+    agent_values,
+    episode_id_of,
+    infos_of,
+    rewards_of,
+)
+
+logger = logging.getLogger(__name__)
+
+API_PREFIX = "/v1/"
+DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
+# A keep-alive connection with no request for this long is closed.
+IDLE_CONNECTION_TIMEOUT_S = 300.0
+# How old a weights snapshot handed to local-inference clients may be.
+STATE_MAX_AGE_S = 1.0
+
+
+class ServerSetupError(ValueError):
+    """The server cannot start as asked (e.g. a public address without a token)."""
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class StateSnapshots:
+    """Weights and connector state for local-inference clients, taken in the runner's thread.
+
+    A handler asks (`get`); the sampling loop takes a snapshot between two
+    steps (`refresh`), so nobody reads the policies while the runner updates them.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Condition()
+        self._body: bytes | None = None
+        self._taken_at = -float("inf")
+        self._wanted = False
+
+    def get(self, timeout_s: float = 30.0) -> bytes:
+        with self._lock:
+            if self._body is None or time.monotonic() - self._taken_at > STATE_MAX_AGE_S:
+                self._wanted = True
+                taken_before = self._taken_at
+                if not self._lock.wait_for(lambda: self._taken_at > taken_before, timeout_s):
+                    raise TimeoutError("the runner did not publish its weights in time")
+            assert self._body is not None
+            return self._body
+
+    def refresh(self, runner: Any) -> None:
+        with self._lock:
+            if not self._wanted:
+                return
+        body = codec.encode(runner.get_state())
+        with self._lock:
+            self._body, self._taken_at, self._wanted = body, time.monotonic(), False
+            self._lock.notify_all()
+
+
+class PolicyServer:
+    """Serves `runner` (built with `vectorize: external`) on `host:port`.
+
+    `start()` opens the HTTP endpoint in a background thread; `serve(stop,
+    on_output)` runs the sampling loop in the calling thread until `stop` is
+    set, handing every built batch, every batch uploaded by a local-inference
+    client, and every episode's `RolloutMetrics` to `on_output`. `close()`
+    stops the endpoint; `runner.stop()` unblocks clients still waiting.
+
+    Binding anything but a loopback address needs `token`: clients then send
+    `Authorization: Bearer <token>` or get 401. A token on loopback is
+    enforced too.
+    """
+
+    def __init__(
+        self,
+        runner: Any,
+        host: str = "127.0.0.1",
+        port: int = 9900,
+        *,
+        token: str | None = None,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    ) -> None:
+        if not isinstance(runner.env, ExternalVectorEnv):
+            raise ServerSetupError(
+                f"PolicyServer needs a runner with `vectorize: external`, got vectorize "
+                f"{runner.config.vectorize!r}"
+            )
+        if not token and not is_loopback(host):
+            raise ServerSetupError(
+                f"binding {host!r} (not a loopback address) needs a shared token: pass --token "
+                "or set MARL_RUNNER_TOKEN, and give the same token to the clients"
+            )
+        self.runner = runner
+        self.env = runner.env.env
+        self.token = token or None
+        self.max_body_bytes = max_body_bytes
+        self.snapshots = StateSnapshots()
+        self.uploads: queue.SimpleQueue = queue.SimpleQueue()
+        self._httpd = _HTTPServer((host, port), _Handler)
+        self._httpd.policy_server = self
+        self._thread: threading.Thread | None = None
+
+    @property
+    def address(self) -> str:
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def start(self) -> PolicyServer:
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1},
+            name="marl-runner-http", daemon=True,
+        )
+        self._thread.start()
+        return self
+
+    def serve(self, stop: threading.Event, on_output: Callable[[Any], None]) -> None:
+        """The sampling loop: runner steps, uploaded batches, weight snapshots, until `stop`."""
+        runner = self.runner
+        while not stop.is_set():
+            for item in runner.step():
+                on_output(item)
+            self.drain_uploads(on_output)
+            self.snapshots.refresh(runner)
+
+    def drain_uploads(self, on_output: Callable[[Any], None]) -> None:
+        while True:
+            try:
+                batch = self.uploads.get_nowait()
+            except queue.Empty:
+                return
+            on_output(batch)
+
+    def close(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    # ------------------------------------------------------------------ the API
+
+    def call(self, method: str, name: str, body: Any) -> Any:
+        """Runs one API call; returns the response value (`bytes` when already encoded)."""
+        routes = _GET_ROUTES if method == "GET" else _POST_ROUTES
+        handler = routes.get(name)
+        if handler is None:
+            other = _POST_ROUTES if method == "GET" else _GET_ROUTES
+            if name in other:
+                raise _HTTPError(HTTPStatus.METHOD_NOT_ALLOWED, f"{API_PREFIX}{name} does not take {method}")
+            raise _HTTPError(HTTPStatus.NOT_FOUND, f"no endpoint {API_PREFIX}{name}; endpoints: "
+                             f"{sorted(_GET_ROUTES) + sorted(_POST_ROUTES)}")
+        if method == "POST" and not isinstance(body, dict):
+            raise RequestError(f"the body must be an object, got {type(body).__name__}")
+        return handler(self, body)
+
+    def _start_episode(self, body: dict) -> dict:
+        training_enabled = body.get("training_enabled", True)
+        if not isinstance(training_enabled, bool):
+            raise RequestError(f"training_enabled: {training_enabled!r} is not true/false")
+        episode_id = episode_id_of(body, required=False)
+        return {"episode_id": self.env.start_episode(episode_id, training_enabled)}
+
+    def _get_action(self, body: dict) -> dict:
+        episode_id = episode_id_of(body)
+        obs = agent_values(body, "obs", self.env.get_observation_space)
+        return {"actions": self.env.get_action(episode_id, obs)}
+
+    def _log_action(self, body: dict) -> dict:
+        episode_id = episode_id_of(body)
+        obs = agent_values(body, "obs", self.env.get_observation_space)
+        actions = agent_values(body, "actions", self.env.get_action_space)
+        self.env.log_action(episode_id, obs, actions)
+        return {}
+
+    def _log_returns(self, body: dict) -> dict:
+        self.env.log_returns(episode_id_of(body), rewards_of(body), infos_of(body))
+        return {}
+
+    def _end_episode(self, body: dict) -> dict:
+        episode_id = episode_id_of(body)
+        obs = agent_values(body, "obs", self.env.get_observation_space, allow_empty=True)
+        truncated = body.get("truncated", False)
+        if not isinstance(truncated, bool):
+            raise RequestError(f"truncated: {truncated!r} is not true/false")
+        self.env.end_episode(episode_id, obs, truncated)
+        return {}
+
+    def _experiences(self, body: dict) -> dict:
+        self.uploads.put(batch_from_value(body, set(self.runner.policy_map)))
+        return {}
+
+    def _info(self, body: Any) -> dict:
+        agents = list(self.env.possible_agents)
+        return {
+            "config": self.runner.config.to_dict(),
+            "observation_spaces": {a: space_to_spec(self.env.get_observation_space(a)) for a in agents},
+            "action_spaces": {a: space_to_spec(self.env.get_action_space(a)) for a in agents},
+        }
+
+    def _state(self, body: Any) -> bytes:
+        return self.snapshots.get()
+
+    def _health(self, body: Any) -> dict:
+        return {"ok": True, "running_episodes": self.runner.env.board.num_running}
+
+
+_POST_ROUTES: dict[str, Callable[[PolicyServer, Any], Any]] = {
+    "start_episode": PolicyServer._start_episode,
+    "get_action": PolicyServer._get_action,
+    "log_action": PolicyServer._log_action,
+    "log_returns": PolicyServer._log_returns,
+    "end_episode": PolicyServer._end_episode,
+    "experiences": PolicyServer._experiences,
+}
+_GET_ROUTES: dict[str, Callable[[PolicyServer, Any], Any]] = {
+    "info": PolicyServer._info,
+    "state": PolicyServer._state,
+    "health": PolicyServer._health,
+}
+# Exception types a client re-raises as themselves (anything else: PolicyServerError).
+_STATUS_OF: tuple[tuple[type[BaseException], HTTPStatus], ...] = (
+    (ExternalEnvStopped, HTTPStatus.SERVICE_UNAVAILABLE),
+    (TimeoutError, HTTPStatus.SERVICE_UNAVAILABLE),
+    (NotImplementedError, HTTPStatus.NOT_IMPLEMENTED),
+    (ValueError, HTTPStatus.BAD_REQUEST),  # RequestError, CodecError, unknown episodes
+)
+
+
+class _HTTPError(Exception):
+    def __init__(self, status: HTTPStatus, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    policy_server: PolicyServer
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that vanished mid-request is routine for a server; log it quietly.
+        logger.debug("connection from %s failed", client_address, exc_info=True)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    timeout = IDLE_CONNECTION_TIMEOUT_S
+    disable_nagle_algorithm = True  # small replies: no 40 ms wait for a delayed ACK
+    server: _HTTPServer
+
+    def do_GET(self) -> None:
+        self._handle("GET")
+
+    def do_POST(self) -> None:
+        self._handle("POST")
+
+    def do_PUT(self) -> None:
+        self._refuse(HTTPStatus.METHOD_NOT_ALLOWED, "use GET or POST", codec.JSON)
+
+    do_DELETE = do_PATCH = do_PUT
+
+    def _handle(self, method: str) -> None:
+        server = self.server.policy_server
+        content_type = self._content_type()
+        if server.token is not None and not self._authorized(server.token):
+            self._refuse(HTTPStatus.UNAUTHORIZED, "missing or wrong token: send "
+                         "'Authorization: Bearer <token>'", content_type)
+            return
+        if not self.path.startswith(API_PREFIX):
+            self._refuse(HTTPStatus.NOT_FOUND, f"no endpoint {self.path!r}; the API lives under "
+                         f"{API_PREFIX}", content_type)
+            return
+        body = None
+        if method == "POST":
+            if self.headers.get("Content-Type", "").split(";")[0].strip() not in codec.CONTENT_TYPES:
+                self._refuse(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, f"Content-Type must be one of "
+                             f"{list(codec.CONTENT_TYPES)}; nothing else is decoded", codec.JSON)
+                return
+            raw = self._read_body(server.max_body_bytes, content_type)
+            if raw is None:
+                return
+        try:
+            if method == "POST":
+                body = codec.decode(raw, content_type)
+            result = server.call(method, self.path[len(API_PREFIX):].split("?")[0], body)
+            payload = result if isinstance(result, bytes) else codec.encode(result, content_type)
+            if isinstance(result, bytes):
+                content_type = codec.BINARY
+        except _HTTPError as exc:
+            self._send(exc.status, {"error": str(exc), "type": "HTTPError"}, content_type)
+            return
+        except Exception as exc:
+            status = next((s for t, s in _STATUS_OF if isinstance(exc, t)), None)
+            if status is None:
+                logger.exception("request %s %s failed", method, self.path)
+                status = HTTPStatus.INTERNAL_SERVER_ERROR
+            self._send(status, {"error": str(exc), "type": type(exc).__name__}, content_type)
+            return
+        self._send_bytes(HTTPStatus.OK, payload, content_type)
+
+    def _content_type(self) -> str:
+        declared = self.headers.get("Content-Type", "").split(";")[0].strip()
+        accept = self.headers.get("Accept", "")
+        if declared in codec.CONTENT_TYPES:
+            return declared
+        return codec.JSON if codec.JSON in accept or codec.BINARY not in accept else codec.BINARY
+
+    def _authorized(self, token: str) -> bool:
+        given = self.headers.get("Authorization", "")
+        expected = f"Bearer {token}"
+        return hmac.compare_digest(given.encode("utf-8", "replace"), expected.encode("utf-8"))
+
+    def _read_body(self, limit: int, content_type: str) -> bytes | None:
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            self._refuse(HTTPStatus.LENGTH_REQUIRED, "chunked bodies are not accepted; send "
+                         "Content-Length", content_type)
+            return None
+        length_text = self.headers.get("Content-Length")
+        try:
+            length = int(length_text) if length_text is not None else -1
+        except ValueError:
+            length = -1
+        if length < 0:
+            self._refuse(HTTPStatus.LENGTH_REQUIRED, "a POST needs a valid Content-Length", content_type)
+            return None
+        if length > limit:
+            self._refuse(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                         f"body of {length} bytes is over the server's limit of {limit} bytes",
+                         content_type)
+            return None
+        try:
+            raw = self.rfile.read(length)
+        except (TimeoutError, OSError):
+            self.close_connection = True
+            return None
+        if len(raw) != length:
+            self.close_connection = True  # the client went away mid-body
+            return None
+        return raw
+
+    def _refuse(self, status: HTTPStatus, message: str, content_type: str) -> None:
+        """An error answered before the body was read: the connection cannot be reused."""
+        self.close_connection = True
+        self._send(status, {"error": message, "type": "HTTPError"}, content_type)
+
+    def _send(self, status: HTTPStatus, value: dict, content_type: str) -> None:
+        self._send_bytes(status, codec.encode(value, content_type), content_type)
+
+    def _send_bytes(self, status: HTTPStatus, payload: bytes, content_type: str) -> None:
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(payload)))
+            if self.close_connection:
+                self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(payload)
+        except (TimeoutError, BrokenPipeError, ConnectionResetError):
+            self.close_connection = True  # the client is gone; nothing to tell it
+
+    def log_message(self, format: str, *args: Any) -> None:
+        logger.debug("%s %s", self.address_string(), format % args)
