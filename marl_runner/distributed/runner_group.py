@@ -248,6 +248,10 @@ class EnvRunnerGroup:
 
     # ------------------------------------------------------------------ health and metrics
 
+    def remote_runners(self) -> dict[int, Any]:
+        """The Ray actor handle of every healthy remote runner, by runner id."""
+        return dict(self._remote)
+
     def healthy_runner_ids(self) -> list[int]:
         """Ids of the remote runners in service (restarted ones included, dropped ones not)."""
         return sorted(self._remote)

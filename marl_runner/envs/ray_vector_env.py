@@ -46,6 +46,9 @@ class SubEnvActor:
         except EnvError as error:
             return _Malformed(str(error))
 
+    def ready(self) -> bool:
+        return True
+
     def spaces(self) -> tuple[list[AgentID], dict[AgentID, gym.Space], dict[AgentID, gym.Space]]:
         agents = list(self.env.possible_agents)
         return (
@@ -115,12 +118,19 @@ class RayVectorEnv(BaseEnv):
         self._step_timeout_s = step_timeout_s
         self._actor_class = ray.remote(num_cpus=num_cpus, max_restarts=0)(SubEnvActor)
         self._actors = [self._make_actor(env_id) for env_id in range(num_envs)]
+        self._spaces = self._await_actors()
         #: Requests in flight: object ref -> (env_id, kind, start time).
         self._pending: dict[ray.ObjectRef, tuple[EnvID, str, float]] = {}
         self._crashed: set[EnvID] = set()
+        #: Recreated actors not known to be up yet: env_id -> their `ready` reply.
+        self._booting: dict[EnvID, ray.ObjectRef] = {}
         self._started = False
         self._stopped = False
-        self._spaces: tuple[list[AgentID], dict, dict] | None = None
+
+    @property
+    def actors(self) -> list[Any]:
+        """The sub-envs' Ray actor handles, by env_id (e.g. to kill one in a test)."""
+        return list(self._actors)
 
     def _make_actor(self, env_id: EnvID) -> Any:
         return self._actor_class.remote(self._make_one, env_id)
@@ -166,6 +176,7 @@ class RayVectorEnv(BaseEnv):
         self._forget_requests(env_id)
         ray.kill(self._actors[env_id], no_restart=True)
         self._actors[env_id] = self._make_actor(env_id)
+        self._booting[env_id] = self._actors[env_id].ready.remote()
         self._seeds.recreated(env_id)
         self._crashed.discard(env_id)
 
@@ -197,9 +208,25 @@ class RayVectorEnv(BaseEnv):
     # ------------------------------------------------------------------ internals
 
     def _probe(self) -> tuple[list[AgentID], dict, dict]:
-        if self._spaces is None:
-            self._spaces = ray.get(self._actors[0].spaces.remote())
         return self._spaces
+
+    def _await_actors(self) -> tuple[list[AgentID], dict, dict]:
+        """Wait until every actor has built its env (so that start-up never counts
+        against the step timeout, and a failing env creator fails here); returns
+        sub-env 0's agents and spaces."""
+        replies = [actor.spaces.remote() for actor in self._actors]
+        for env_id, reply in enumerate(replies):
+            try:
+                spaces = ray.get(reply)
+            except RayTaskError as error:
+                self.stop()
+                raise EnvError(
+                    f"sub-env {env_id}: building the env in its Ray actor failed: "
+                    f"{error.as_instanceof_cause()}"
+                ) from None
+            if env_id == 0:
+                probe = spaces
+        return probe
 
     def _start_reset(self, env_id: EnvID, seed: int | None, options: dict | None) -> None:
         self._forget_requests(env_id)
@@ -230,15 +257,17 @@ class RayVectorEnv(BaseEnv):
         return max(oldest + self._step_timeout_s - time.perf_counter(), 0.0)
 
     def _time_out_overdue(self, poll: PollResult) -> None:
+        """Fail the requests older than the step timeout, except those still waiting
+        for their actor to start: their clock starts again (start-up is no step)."""
         if self._step_timeout_s is None:
             return
         now = time.perf_counter()
-        overdue = [
-            (ref, entry)
-            for ref, entry in self._pending.items()
-            if now - entry[2] >= self._step_timeout_s
-        ]
-        for ref, (env_id, kind, start) in overdue:
+        for ref, (env_id, kind, start) in list(self._pending.items()):
+            if now - start < self._step_timeout_s:
+                continue
+            if self._still_booting(env_id):
+                self._pending[ref] = (env_id, kind, now)
+                continue
             del self._pending[ref]
             ray.kill(self._actors[env_id], no_restart=True)  # it may be stuck for good
             self._note_crash(env_id)
@@ -251,7 +280,19 @@ class RayVectorEnv(BaseEnv):
                 ),
             )
 
+    def _still_booting(self, env_id: EnvID) -> bool:
+        """True while a recreated actor has not started; the first time it is found
+        started, also True (its requests are then timed from now)."""
+        booting = self._booting.pop(env_id, None)
+        if booting is None:
+            return False
+        started, _ = ray.wait([booting], timeout=0)
+        if not started:
+            self._booting[env_id] = booting
+        return True
+
     def _enter(self, poll: PollResult, env_id: EnvID, kind: str, ref: ray.ObjectRef) -> None:
+        self._booting.pop(env_id, None)  # it answered: it is up
         try:
             result = ray.get(ref, timeout=0)
         except (RayActorError, RayTaskError, GetTimeoutError) as error:

@@ -1,0 +1,23 @@
+"""Shared fixtures: one local Ray for every Ray test of the session."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def ray_local() -> Iterator[Any]:
+    """A local Ray with 2 CPUs, started once; tests skip when Ray is not installed."""
+    ray = pytest.importorskip(
+        "ray", reason="Ray is not installed; the Ray tests need the extra: pip install 'marl-runner[ray]'"
+    )
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
+    yield ray
+    if started:
+        ray.shutdown()
