@@ -236,7 +236,17 @@ def _step_until(
 
 
 def _prepare_out_dir(out_dir: Path, config: RunnerConfig) -> None:
-    """Refuses a directory holding another run's batches; saves the resolved config there."""
+    """Refuses a directory holding another run's batches; saves the resolved config there.
+
+    Runs before any env is built, so an unusable ``--out`` (missing parent,
+    not a directory, not writable) is a one-line error, not a traceback
+    after minutes of sampling. Writing the config is the write test: a
+    permission check alone would pass as root.
+    """
+    parent = out_dir.absolute().parent
+    if not out_dir.exists() and not parent.is_dir():
+        what = "is not a directory" if parent.exists() else "does not exist"
+        raise CommandError(f"--out {out_dir}: its parent directory {parent} {what}")
     if out_dir.exists() and not out_dir.is_dir():
         raise CommandError(f"--out {out_dir}: exists and is not a directory")
     if out_dir.is_dir() and list_batch_files(out_dir):
@@ -244,10 +254,19 @@ def _prepare_out_dir(out_dir: Path, config: RunnerConfig) -> None:
             f"--out {out_dir}: already holds batch files from an earlier run; "
             "choose a new or empty directory"
         )
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.yaml").write_text(
-        yaml.safe_dump(config.to_dict(), sort_keys=False), encoding="utf-8"
-    )
+    try:
+        out_dir.mkdir(exist_ok=True)
+        (out_dir / "config.yaml").write_text(
+            yaml.safe_dump(config.to_dict(), sort_keys=False), encoding="utf-8"
+        )
+    except OSError as exc:
+        raise CommandError(f"--out {out_dir}: cannot write there: {_os_error_text(exc)}") from None
+
+
+def _os_error_text(exc: OSError) -> str:
+    """`strerror (path)` of an OSError, without Python's `[Errno N]` noise."""
+    text = exc.strerror or str(exc)
+    return f"{text} ({exc.filename})" if exc.filename else text
 
 
 # ----------------------------------------------------------------------------- validate
