@@ -78,6 +78,14 @@ def build_parser() -> argparse.ArgumentParser:
     modes.add_argument(
         "--all", action="store_true", help="--throughput --memory --subprocess-speedup"
     )
+    modes.add_argument(
+        "--soak",
+        type=float,
+        default=None,
+        metavar="MINUTES",
+        help="sample MINUTES with random faults (exceptions, os._exit, hangs; restarts on) "
+        "and report episodes, faults, restarts, healthy rows lost, RSS and open files",
+    )
     parser.add_argument(
         "--smoke",
         action="store_true",
@@ -217,6 +225,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     torch.set_num_threads(args.torch_threads)
+    if args.soak is not None:
+        from benchmarks.soak import print_soak, run_soak
+
+        soak = run_soak(args.soak, seed=args.seed, progress=lambda msg: print(msg, file=sys.stderr))
+        print_soak(soak)
+        if args.output is not None:
+            args.output.parent.mkdir(parents=True, exist_ok=True)
+            args.output.write_text(json.dumps(soak, indent=2) + "\n")
+        return 0 if soak["healthy_rows_lost"] == 0 else 1
     console = Console(stderr=args.json)
     if not console.is_terminal:
         console.width = 120  # logs and CI: do not squeeze the tables into 80 columns
