@@ -5,6 +5,7 @@ Named `pettingzoo_wrappers` so that it never shadows the `pettingzoo` package.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import gymnasium as gym
@@ -12,6 +13,8 @@ from pettingzoo import AECEnv, ParallelEnv
 
 from marl_runner.envs.errors import EnvError
 from marl_runner.envs.multi_agent_env import AgentID, MultiAgentDict, MultiAgentEnv, StepResult
+
+logger = logging.getLogger(__name__)
 
 
 def _episode_end_flags(
@@ -61,25 +64,46 @@ class ParallelPettingZooEnv(_PettingZooSpaces):
 
     Only `"__all__"` is added to copies of the flag dicts (never to the env's
     own dicts, which some envs keep using): the episode is over when
-    `env.agents` is empty after a step. Stepping a finished episode with no
-    actions returns empty dicts instead of calling the env.
+    `env.agents` is empty after a step, or when every agent still listed in
+    it has been terminated or truncated (envs that never empty `agents`;
+    a warning says so once per wrapper). Stepping a finished episode with
+    no actions returns empty dicts instead of calling the env.
     """
 
     def __init__(self, env: ParallelEnv) -> None:
         self.env = env
         self._init_spaces()
+        self._done_agents: set[AgentID] = set()
+        self._episode_over = False
+        self._warned_agents_kept = False
 
     def reset(
         self, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[MultiAgentDict, MultiAgentDict]:
+        self._done_agents = set()
+        self._episode_over = False
         return self.env.reset(seed=seed, options=options)
 
     def step(self, actions: MultiAgentDict) -> StepResult:
-        if not actions and not self.env.agents:
+        if not actions and (self._episode_over or not self.env.agents):
             return {}, {}, {"__all__": False}, {"__all__": False}, {}
         obs, rewards, terminateds, truncateds, infos = self.env.step(actions)
+        done = self._done_agents
+        done.update(a for a, flag in terminateds.items() if flag)
+        done.update(a for a, flag in truncateds.items() if flag)
+        listed = self.env.agents
+        episode_over = not listed or all(agent in done for agent in listed)
+        if episode_over and listed and not self._warned_agents_kept:
+            self._warned_agents_kept = True
+            logger.warning(
+                "%s keeps terminated/truncated agents in env.agents (%s); the episode is "
+                "ended because all of them are done (PettingZoo envs should remove them)",
+                type(self.env).__name__,
+                list(listed)[:5],
+            )
+        self._episode_over = episode_over
         terminated_all, truncated_all = _episode_end_flags(
-            terminateds, truncateds, episode_over=not self.env.agents
+            terminateds, truncateds, episode_over=episode_over
         )
         terminateds = {**terminateds, "__all__": terminated_all}
         truncateds = {**truncateds, "__all__": truncated_all}
