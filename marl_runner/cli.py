@@ -9,6 +9,7 @@ mapping, spaces); 130 interrupted. Errors are one line on stderr;
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import traceback
@@ -142,9 +143,13 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser(
         "validate",
         parents=[common],
-        help="check a config: build the env once and show each agent's policy and spaces",
-        description="Load the config, import what it names, build the env once, map every "
-        "possible agent to its policy and check that agents sharing a policy share spaces.",
+        help="check a config: build everything sample builds, without stepping, and show "
+        "each agent's policy and spaces",
+        description="Load the config, import what it names, and build the runner as sample "
+        "does (one sub-env in this process): the env, every policy with its connector chains, "
+        "the mapping of every possible agent (called as when sampling) and the checks that "
+        "agents sharing a policy share spaces that fit it. Rejects exactly what sample rejects "
+        "when it starts, with the same exit code (2) and dotted key.",
     )
 
     commands.add_parser(
@@ -273,21 +278,29 @@ def _os_error_text(exc: OSError) -> str:
 
 
 def _run_validate(args: argparse.Namespace) -> int:
+    """Builds everything ``sample`` builds except stepping, so both reject the same configs."""
     config = _load_config(args.config, args.overrides)
     _check_imports(config)
-
     try:
+        from marl_runner import EnvRunner  # imports torch
         from marl_runner.envs import make_env
     except ImportError as exc:
-        raise CommandError(f"the env package cannot be loaded: {exc}", EXIT_FAILURE) from exc
+        raise CommandError(f"the runner cannot be loaded: {exc}", EXIT_FAILURE) from exc
     try:
-        env = make_env(config.env)
+        make_env(config.env).close()
     except Exception as exc:
         raise CommandError(f"env: cannot build {config.env['name']!r}: {_describe(exc)}") from exc
+    mapping = _RecordingMapping(config)
     try:
-        rows, unused_policies = _map_agents(config, env)
+        runner = EnvRunner(_validation_config(config), policy_mapping_fn=mapping)
+    except (ConfigError, ImportPathError, _MappingFailed) as exc:
+        raise CommandError(str(exc)) from exc
+    except Exception as exc:
+        raise CommandError(f"cannot build the runner: {_describe(exc)}") from exc
+    try:
+        rows, unused_policies = _map_agents(runner, mapping.policy_of)
     finally:
-        env.close()
+        runner.stop()
 
     console = Console()
     console.print(
@@ -307,66 +320,61 @@ def _run_validate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _map_agents(
-    config: RunnerConfig, env: Any
-) -> tuple[list[tuple[str, str, str, str]], list[str]]:
-    """Maps every possible agent; checks ids and that agents sharing a policy share spaces.
+class _MappingFailed(Exception):
+    """The user's mapping function raised for an agent."""
 
-    Returns the table rows and the policies no agent maps to. The mapping is
-    called with ``episode=None``: there is no episode before sampling.
-    """
-    try:
-        mapping_fn = make_policy_mapping_fn(config.policy_mapping_fn, list(config.policies))
-    except PolicyMappingError as exc:
-        raise CommandError(str(exc)) from exc
-    except (TypeError, ImportPathError) as exc:
-        raise CommandError(f"policy_mapping_fn: {exc}") from exc
 
-    rows: list[tuple[str, str, str, str]] = []
-    first_agent: dict[str, tuple[Any, Any, Any]] = {}
-    for agent in env.possible_agents:
+class _RecordingMapping:
+    """The config's mapping, called by the runner exactly as when sampling; notes each result."""
+
+    def __init__(self, config: RunnerConfig) -> None:
         try:
-            policy_id = mapping_fn(agent, None)
+            self._mapping = make_policy_mapping_fn(config.policy_mapping_fn, list(config.policies))
         except PolicyMappingError as exc:
             raise CommandError(str(exc)) from exc
+        except (TypeError, ImportPathError) as exc:
+            raise CommandError(f"policy_mapping_fn: {exc}") from exc
+        self.policy_of: dict[Any, str] = {}
+
+    def __call__(self, agent_id: Any, episode: Any, **kwargs: Any) -> str:
+        try:
+            policy_id = self._mapping(agent_id, episode, **kwargs)
+        except PolicyMappingError:
+            raise
         except Exception as exc:
-            raise CommandError(
-                f"policy_mapping_fn failed for agent {agent!r}: {_describe(exc)}"
+            raise _MappingFailed(
+                f"policy_mapping_fn failed for agent {agent_id!r}: {_describe(exc)}"
             ) from exc
-        obs_space = env.get_observation_space(agent)
-        action_space = env.get_action_space(agent)
-        if policy_id in first_agent:
-            other, other_obs, other_action = first_agent[policy_id]
-            for kind, mine, theirs in (
-                ("observation", obs_space, other_obs),
-                ("action", action_space, other_action),
-            ):
-                if mine != theirs:
-                    raise CommandError(
-                        f"agents {other!r} and {agent!r} both map to policy {policy_id!r} but "
-                        f"have different {kind} spaces ({theirs} vs {mine}); map them to "
-                        "different policies"
-                    )
-        else:
-            first_agent[policy_id] = (agent, obs_space, action_space)
-            _check_declared_spaces(config, policy_id, agent, obs_space, action_space)
-        rows.append((str(agent), policy_id, str(obs_space), str(action_space)))
-    unused = [pid for pid in config.policies if pid not in first_agent]
-    return rows, unused
+        self.policy_of[agent_id] = policy_id
+        return policy_id
 
 
-def _check_declared_spaces(
-    config: RunnerConfig, policy_id: str, agent: Any, obs_space: Any, action_space: Any
-) -> None:
-    """A space given in the config must be the one the env's agents actually have."""
-    spec = config.policies[policy_id]
-    for key, env_space in (("observation_space", obs_space), ("action_space", action_space)):
-        declared = spec[key]
-        if declared is not None and declared != env_space:
-            raise CommandError(
-                f"policies.{policy_id}.{key}: the config gives {declared}, but agent {agent!r} "
-                f"mapped to it has {env_space}"
-            )
+def _validation_config(config: RunnerConfig) -> RunnerConfig:
+    """One sub-env stepped in this process: builds what sampling builds, at the least cost."""
+    vectorize = "external" if config.vectorize == "external" else "sync"
+    return dataclasses.replace(config, num_envs=1, vectorize=vectorize, num_workers=None)
+
+
+def _map_agents(
+    runner: Any, policy_of: dict[Any, str]
+) -> tuple[list[tuple[str, str, str, str]], list[str]]:
+    """Table rows (agent, policy, obs space, action space) and the policies no agent maps to.
+
+    The runner mapped every possible agent while building its policies, and
+    checked that agents sharing a policy share spaces that fit it.
+    """
+    env = runner.env
+    rows = [
+        (
+            str(agent),
+            policy_of[agent],
+            str(env.get_observation_space(agent)),
+            str(env.get_action_space(agent)),
+        )
+        for agent in env.possible_agents
+    ]
+    used = set(policy_of.values())
+    return rows, [pid for pid in runner.config.policies if pid not in used]
 
 
 # ----------------------------------------------------------------------------- bench

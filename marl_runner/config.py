@@ -21,6 +21,9 @@ import gymnasium as gym
 import numpy as np
 import yaml
 
+from connectors.errors import ConnectorError
+from connectors.registry import check_spec_list, registered_names
+from marl_runner.envs.vectorize import VECTORIZE_MODES
 from marl_runner.imports import ImportPathError, import_object, split_import_path
 
 __all__ = [
@@ -33,23 +36,57 @@ __all__ = [
 ]
 
 ENV_APIS = ("auto", "parallel", "aec", "multi_agent")
-VECTORIZE_MODES = ("sync", "subprocess", "ray", "external")
 BATCH_MODES = ("truncate_episodes", "complete_episodes")
 STEP_COUNTS = ("env_steps", "agent_steps")
 FAKE_OBS_MODES = ("zeros", "sample", "last")
 DEVICES = ("cpu", "cuda", "auto")
-MODEL_TYPES = ("mlp", "lstm")
 
-_ENV_KEYS = ("name", "config", "api")
-_POLICY_KEYS = (
-    "model",
-    "policy_class",
-    "agent_connectors",
-    "action_connectors",
-    "observation_space",
-    "action_space",
-    "config",
-)
+#: The keys of ``env``, with their reference text.
+ENV_KEYS = {
+    "name": "'module:callable' returning a PettingZoo env or a MultiAgentEnv, or a name "
+    "given to marl_runner.envs.register_env. Required.",
+    "config": "Keyword arguments for that callable. Default: {}.",
+    "api": "auto (detected), parallel, aec or multi_agent (a marl_runner MultiAgentEnv). "
+    "Default: auto.",
+}
+#: The keys of one policy under ``policies``, with their reference text.
+POLICY_KEYS = {
+    "model": "The torch model: {type: mlp|lstm, ...} (keys below) or {class: "
+    "'pkg.mod:Cls', ...} whose other keys go to Cls(obs_dim, num_outputs, **kwargs). "
+    "Default: {type: mlp}.",
+    "policy_class": "TorchPolicy, RandomPolicy or 'pkg.mod:Cls' naming a Policy subclass. "
+    "Default: TorchPolicy.",
+    "agent_connectors": "The agent connector chain: a list of names or {name: ..., <param>: "
+    "...} mappings (see docs/CONNECTORS.md). Null: the default chain; []: none.",
+    "action_connectors": "The action connector chain, likewise. Null: the default chain; "
+    "[]: none.",
+    "observation_space": "The env-side observation space, e.g. {type: Box, low: -1.0, high: "
+    "1.0, shape: [3]}; must fit the agents mapped to the policy. Null: taken from them.",
+    "action_space": "The env-side action space, e.g. {type: Discrete, n: 6}; must fit the "
+    "agents mapped to the policy. Null: taken from them.",
+    "config": "Policy settings passed to the policy class (gamma, lambda, "
+    "view_requirements, ...). Default: {}.",
+}
+#: Keys of the built-in model types (``model: {type: ...}``), with their reference text.
+MODEL_KEYS = {
+    "mlp": {
+        "type": "mlp: separate policy and value MLPs over the flat observation.",
+        "hidden": "Layer sizes. Default: [64, 64].",
+        "activation": "tanh or relu. Default: tanh.",
+        "vf_share_layers": "One trunk for policy and value. Default: false.",
+    },
+    "lstm": {
+        "type": "lstm: an MLP encoder, one LSTM step per row, policy and value heads.",
+        "hidden": "Encoder layer sizes. Default: [64].",
+        "activation": "tanh or relu. Default: tanh.",
+        "lstm_cell_size": "LSTM state size. Default: 64.",
+    },
+}
+MODEL_TYPES = tuple(MODEL_KEYS)
+ACTIVATIONS = ("tanh", "relu")
+
+_ENV_KEYS = tuple(ENV_KEYS)
+_POLICY_KEYS = tuple(POLICY_KEYS)
 _SPACE_TYPES = ("Discrete", "Box", "MultiDiscrete", "MultiBinary", "Dict", "Tuple")
 _CUDA_DEVICE = re.compile(r"cuda:\d+")
 
@@ -90,6 +127,16 @@ class PolicySpec(TypedDict):
     config: dict[str, Any]
 
 
+def _key(default: Any, doc: str) -> Any:
+    """A config key with its default and reference text (``docs/CONFIG.md`` is made from it)."""
+    return dataclasses.field(default=default, metadata={"doc": doc})
+
+
+def _required(doc: str) -> Any:
+    """A config key without a default."""
+    return dataclasses.field(metadata={"doc": doc})
+
+
 @dataclasses.dataclass(kw_only=True)
 class RunnerConfig:
     """Everything an ``EnvRunner`` needs; see API.md for the YAML form.
@@ -99,55 +146,126 @@ class RunnerConfig:
     ``ConfigError`` on the first problem.
     """
 
-    env: EnvSpec
-    num_envs: int = 1
-    vectorize: str = "sync"
-    num_workers: int | None = None  # subprocess worker processes; None: min(num_envs, CPUs)
-    # subprocess: poll returns the sub-envs that are ready instead of all of them, so workers
-    # step while inference runs; faster, but which rows share a batch depends on timing.
-    async_poll: bool = False
-    # subprocess: pin each worker to its own core when workers + this process fill the
-    # machine (Linux); avoids the scheduler stacking woken workers on one core.
-    pin_workers: bool = True
-    rollout_fragment_length: int = 200
-    batch_mode: str = "truncate_episodes"
-    count_steps_by: str = "env_steps"
-    restart_failed_sub_environments: bool = False
-    remote_env_batch_wait_ms: float = 0
-    fake_obs: str = "zeros"
-    seed: int | None = 0
-    device: str = "cpu"
-    explore: bool = True
-    normalize_actions: bool = False
-    policies: dict[str, PolicySpec]
-    # An import path "module:function", a dict {agent-id glob: policy id}, or
-    # None when there is exactly one policy. Callables go to EnvRunner directly
-    # so that the config stays serialisable.
-    policy_mapping_fn: str | dict[str, str] | None = None
-    callbacks: str | None = None
-    ema_coef: float | None = None  # perf stats as an EMA with this coefficient; None: global mean
-    # Torch intra-op threads for inference: small per-round batches run fastest on one
-    # thread (several only add synchronisation); None leaves torch's setting alone.
-    torch_threads: int | None = 1
-    # --- faults and timeouts
-    # subprocess/ray: a step or reset slower than this is a fault; None waits forever.
-    sub_env_step_timeout_s: float | None = 60.0
-    # A sub-env whose resets fail this many times in a row raises, naming the last error.
-    max_consecutive_reset_failures: int = 5
-    # A sub-env whose episodes fail this many times in a row (restarts on) raises likewise.
-    max_consecutive_step_failures: int = 5
-    # Check every obs against the agent's space and every reward for being finite.
-    check_env_outputs: bool = False
-    # Warn once when an episode has not ended after this many env steps; None: never.
-    max_episode_steps: int | None = None
-    # --- remote sub-envs on Ray (vectorize: ray)
-    remote_env_num_cpus: float = 0
-    # --- runner groups on Ray (marl_runner.distributed)
-    num_runners: int = 0
-    max_runner_restarts: int = 3
-    ray_address: str | None = None  # None: join the running cluster or start a local one
-    # --- inverted control (vectorize: external): an episode quiet this long ends as faulty
-    external_episode_timeout_s: float | None = 60.0
+    env: EnvSpec = _required(
+        "The env: `name` (a 'module:callable' or a registered name), `config` "
+        "(keyword arguments for it) and `api` (auto, parallel, aec or multi_agent). "
+        "A string is short for `{name: ...}`. Required.",
+    )
+    num_envs: int = _key(1, "Sub-envs stepped by one runner; one inference batch spans all of them.")
+    vectorize: str = _key(
+        "sync",
+        "How sub-envs are stepped: sync (in this process), subprocess (worker "
+        "processes), ray (one Ray actor each) or external (driven by an "
+        "ExternalMultiAgentEnv / policy clients).",
+    )
+    num_workers: int | None = _key(
+        None, "subprocess: worker processes; null means min(num_envs, CPU cores)."
+    )
+    async_poll: bool = _key(
+        False,
+        "subprocess: poll returns the sub-envs that are ready instead of all of them, so "
+        "workers step while inference runs; faster, but which rows share a batch depends "
+        "on timing.",
+    )
+    pin_workers: bool = _key(
+        True,
+        "subprocess: pin each worker to its own core when workers plus this process fill "
+        "the machine (Linux); keeps the scheduler from stacking woken workers on one core.",
+    )
+    rollout_fragment_length: int = _key(
+        200,
+        "Steps per sub-env in one batch (truncate_episodes), counted as count_steps_by says.",
+    )
+    batch_mode: str = _key(
+        "truncate_episodes",
+        "truncate_episodes: batches of exactly rollout_fragment_length steps per sub-env, "
+        "episodes cut where needed; complete_episodes: batches of whole episodes only.",
+    )
+    count_steps_by: str = _key(
+        "env_steps",
+        "What rollout_fragment_length counts: env_steps (rounds of a sub-env) or "
+        "agent_steps (transitions of single agents).",
+    )
+    restart_failed_sub_environments: bool = _key(
+        False,
+        "Recreate a crashed sub-env and go on (its episode is dropped as faulty); false "
+        "raises the sub-env's error from sample()/step().",
+    )
+    remote_env_batch_wait_ms: float = _key(
+        0,
+        "ray: how long poll waits for more sub-envs after the first answered, so one "
+        "forward pass batches more of them.",
+    )
+    fake_obs: str = _key(
+        "zeros",
+        "The final obs of an agent the env left without one when the episode ended: "
+        "zeros, sample (from its space) or last (its last obs repeated).",
+    )
+    seed: int | None = _key(
+        0, "Seeds sub-envs (seed + index) and policies (per policy id); null: unseeded."
+    )
+    device: str = _key("cpu", "Torch device for inference: cpu, cuda, cuda:N or auto.")
+    explore: bool = _key(True, "Sample actions (true) or take the most likely one (false).")
+    normalize_actions: bool = _key(
+        False,
+        "The default action chain unsquashes Box actions from [-1, 1] (the policy then "
+        "acts in Box(-1, 1) of the env's shape) instead of clipping them to the bounds.",
+    )
+    policies: dict[str, PolicySpec] = _required(
+        "Policy id -> policy spec (keys below). Spaces not given are taken from the env "
+        "agents mapped to the policy. Required, at least one.",
+    )
+    policy_mapping_fn: str | dict[str, str] | None = _key(
+        None,
+        "Agent -> policy id: an import path 'module:function' of fn(agent_id, episode, "
+        "**kwargs), a mapping {agent-id glob: policy id} (first match wins), or null when "
+        "there is one policy. Callables go to EnvRunner(policy_mapping_fn=...).",
+    )
+    callbacks: str | None = _key(
+        None, "Import path 'module:Class' of a marl_runner.Callbacks subclass."
+    )
+    ema_coef: float | None = _key(
+        None,
+        "Perf stats as an exponential moving average with this coefficient in (0, 1]; "
+        "null: the mean since the last get_metrics().",
+    )
+    torch_threads: int | None = _key(
+        1,
+        "Torch intra-op threads for inference: small per-round batches run fastest on one "
+        "thread; null leaves torch's setting alone.",
+    )
+    sub_env_step_timeout_s: float | None = _key(
+        60.0,
+        "subprocess/ray: a step or reset slower than this is a fault; null waits forever.",
+    )
+    max_consecutive_reset_failures: int = _key(
+        5, "A sub-env whose resets fail this many times in a row raises, naming the last error."
+    )
+    max_consecutive_step_failures: int = _key(
+        5,
+        "A sub-env whose episodes fail this many times in a row (restarts on) raises likewise.",
+    )
+    check_env_outputs: bool = _key(
+        False, "Check every obs against the agent's space and every reward for being finite."
+    )
+    max_episode_steps: int | None = _key(
+        None, "Warn once when an episode has not ended after this many env steps; null: never."
+    )
+    remote_env_num_cpus: float = _key(0, "ray: CPUs reserved for each sub-env actor.")
+    num_runners: int = _key(
+        0, "marl_runner.distributed: remote runners in a group; 0 samples locally only."
+    )
+    max_runner_restarts: int = _key(
+        3, "marl_runner.distributed: restarts of a dead runner before it is dropped."
+    )
+    ray_address: str | None = _key(
+        None,
+        "marl_runner.distributed: the Ray cluster to join; null joins the running one or "
+        "starts a local one.",
+    )
+    external_episode_timeout_s: float | None = _key(
+        60.0, "external: an episode quiet this long ends as faulty; null: never."
+    )
 
     def __post_init__(self) -> None:
         self.env = _check_env(self.env)
@@ -302,6 +420,11 @@ class RunnerConfig:
                 paths.append((f"policies.{pid}.policy_class", spec["policy_class"]))
             if "class" in spec["model"]:
                 paths.append((f"policies.{pid}.model.class", spec["model"]["class"]))
+        for pid, spec in self.policies.items():
+            for kind in ("agent", "action"):
+                chain = spec[f"{kind}_connectors"]
+                if chain and any(":" in _connector_name(item) for item in chain):
+                    _check_chain(chain, f"policies.{pid}.{kind}_connectors", kind, import_paths=True)
         for key, path in paths:
             try:
                 obj = import_object(path)
@@ -406,13 +529,21 @@ def _check_model(model: Any, key: str) -> dict[str, Any]:
                 "gives both 'type' and 'class'; expected one: a built-in type or a custom class",
             )
         _check_import_path(model["class"], f"{key}.class", "a torch.nn.Module subclass")
-    else:
-        model.setdefault("type", "mlp")
-        if model["type"] not in MODEL_TYPES:
+        return model
+    model.setdefault("type", "mlp")
+    if model["type"] not in MODEL_TYPES:
+        raise ConfigError(
+            f"{key}.type",
+            f"got {model['type']!r}, expected one of {_quoted(MODEL_TYPES)} "
+            f"(or a custom model as '{key}.class: pkg.mod:Cls')",
+        )
+    known = MODEL_KEYS[model["type"]]
+    for name in model:
+        if name not in known:
             raise ConfigError(
-                f"{key}.type",
-                f"got {model['type']!r}, expected one of {_quoted(MODEL_TYPES)} "
-                f"(or a custom model as '{key}.class: pkg.mod:Cls')",
+                f"{key}.{name}",
+                f"unknown key for a {model['type']} model{_suggest(name, known)}; "
+                f"expected some of {_quoted(known)}",
             )
     if "hidden" in model:
         hidden = model["hidden"]
@@ -421,11 +552,21 @@ def _check_model(model: Any, key: str) -> dict[str, Any]:
                 f"{key}.hidden",
                 f"got {hidden!r}, expected a list of layer sizes >= 1, e.g. [64, 64]",
             )
+    if "activation" in model:
+        _check_choice(model["activation"], f"{key}.activation", ACTIVATIONS)
+    if "vf_share_layers" in model:
+        _check_bool(model["vf_share_layers"], f"{key}.vf_share_layers")
+    if "lstm_cell_size" in model:
+        _check_int(model["lstm_cell_size"], f"{key}.lstm_cell_size", minimum=1)
     return model
 
 
 def _check_connectors(spec: Any, key: str, kind: str) -> list[str | dict[str, Any]] | None:
-    """Checks the shape of a connector chain; None means "use the default chain"."""
+    """Checks a connector chain as far as it can without an env; None means the default chain.
+
+    Names, parameter names and types, and that every connector is of the
+    chain's kind; ``module:Class`` items are left to ``check_imports``.
+    """
     if spec is None:
         return None
     if not isinstance(spec, list):
@@ -451,21 +592,28 @@ def _check_connectors(spec: Any, key: str, kind: str) -> list[str | dict[str, An
                 "or a mapping with a 'name' key and its parameters (e.g. {name: ClipRewardAgentConnector, limit: 1.0})",
             )
         _check_connector_name(name, item_key, kind)
+    _check_chain(items, key, kind, import_paths=False)
     return items
 
 
-def _check_connector_name(name: str, key: str, kind: str) -> None:
-    """Rejects names the connector registry does not know.
-
-    Import paths ('pkg.mod:Cls') and whether a name is of the right kind are
-    left to the registry when the pipeline is built. Without the connectors
-    package the names are not checked, so this module stays usable alone.
-    """
-    if ":" in name:
-        return
+def _check_chain(items: list[Any], key: str, kind: str, *, import_paths: bool) -> None:
     try:
-        from connectors.registry import registered_names
-    except ImportError:
+        check_spec_list(items, kind, import_paths=import_paths)  # type: ignore[arg-type]
+    except ConnectorError as err:
+        raise ConfigError(connector_key(key, err), str(err)) from None
+
+
+def connector_key(chain_key: str, err: ConnectorError) -> str:
+    """``policies.p.agent_connectors[0].limt``: where in a chain a ``ConnectorError`` points."""
+    if err.index is None:
+        return chain_key
+    key = f"{chain_key}[{err.index}]"
+    return key if err.param is None else f"{key}.{err.param}"
+
+
+def _check_connector_name(name: str, key: str, kind: str) -> None:
+    """Rejects names the connector registry does not know (import paths are checked later)."""
+    if ":" in name:
         return
     known = registered_names()
     if name not in known:
@@ -475,6 +623,10 @@ def _check_connector_name(name: str, key: str, kind: str) -> None:
             f"name ({', '.join(known)}), a name given to connectors.register_connector before "
             "the config is loaded, or an import path 'pkg.module:Class'",
         )
+
+
+def _connector_name(item: str | Mapping[str, Any]) -> str:
+    return item if isinstance(item, str) else item["name"]
 
 
 def _check_mapping_spec(

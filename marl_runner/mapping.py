@@ -13,6 +13,7 @@ import inspect
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
+from marl_runner.config import ConfigError
 from marl_runner.imports import import_object
 
 __all__ = ["PolicyMappingError", "PolicyMappingFn", "make_policy_mapping_fn"]
@@ -20,12 +21,16 @@ __all__ = ["PolicyMappingError", "PolicyMappingFn", "make_policy_mapping_fn"]
 PolicyMappingFn = Callable[..., str]
 
 
-class PolicyMappingError(ValueError):
+class PolicyMappingError(ConfigError):
     """A mapping that cannot be built, or that gives an agent no known policy id.
 
-    Its own type so that callers can tell it from errors raised inside a
-    user's mapping function.
+    A config problem (key ``policy_mapping_fn``), whether found by ``validate``
+    or while sampling; its own type so that callers can tell it from errors
+    raised inside a user's mapping function.
     """
+
+    def __init__(self, problem: str) -> None:
+        super().__init__("policy_mapping_fn", problem)
 
 
 def make_policy_mapping_fn(
@@ -57,7 +62,7 @@ def make_policy_mapping_fn(
     if spec is None:
         if len(policy_ids) != 1:
             raise PolicyMappingError(
-                f"policy_mapping_fn is required when there are {len(policy_ids)} policies "
+                f"required when there are {len(policy_ids)} policies "
                 f"({_listing(policy_ids)}): give an import path 'module:function' or a "
                 "mapping of agent-id glob -> policy id"
             )
@@ -98,13 +103,11 @@ class _GlobMapping:
 
     def __init__(self, patterns: Mapping[str, str], policy_ids: Collection[str]) -> None:
         if not patterns:
-            raise PolicyMappingError(
-                "policy_mapping_fn: the glob mapping is empty; expected {glob: policy id}"
-            )
+            raise PolicyMappingError("the glob mapping is empty; expected {glob: policy id}")
         for pattern, policy_id in patterns.items():
             if policy_id not in policy_ids:
                 raise PolicyMappingError(
-                    f"policy_mapping_fn: pattern {pattern!r} maps to unknown policy id "
+                    f"pattern {pattern!r} maps to unknown policy id "
                     f"{policy_id!r}; known policies: {_listing(policy_ids)}"
                 )
         self.patterns = dict(patterns)
@@ -115,7 +118,7 @@ class _GlobMapping:
             if fnmatch.fnmatchcase(name, pattern):
                 return policy_id
         raise PolicyMappingError(
-            f"policy_mapping_fn: agent {agent_id!r} matches none of the patterns "
+            f"agent {agent_id!r} matches none of the patterns "
             f"{_listing(self.patterns)}; add a pattern for it (e.g. '*' as the last entry)"
         )
 
@@ -138,7 +141,7 @@ class _FunctionMapping:
         policy_id = self.fn(agent_id, episode, **kwargs)
         if policy_id not in self.policy_ids:
             raise PolicyMappingError(
-                f"policy_mapping_fn {self.name} returned {policy_id!r} for agent {agent_id!r}, "
+                f"{self.name} returned {policy_id!r} for agent {agent_id!r}, "
                 f"which is not a known policy id; known policies: {_listing(self.policy_ids)}"
             )
         return policy_id

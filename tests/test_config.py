@@ -41,7 +41,7 @@ FULL: dict[str, Any] = {
     "normalize_actions": True,
     "policies": {
         "archer": {
-            "model": {"type": "lstm", "hidden": [32], "cell_size": 64},
+            "model": {"type": "lstm", "hidden": [32], "lstm_cell_size": 64},
             "policy_class": "marl_runner.policy:TorchPolicy",
             "agent_connectors": [
                 "ObsPreprocessorConnector",

@@ -1,0 +1,324 @@
+"""`marl-runner validate`: builds what `sample` builds (minus stepping), so both reject the same configs.
+
+The env is a small real MultiAgentEnv named by import path, as a user's would be.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import yaml
+
+from marl_runner import EnvRunner, RandomPolicy, RunnerConfig
+from marl_runner.cli import main
+from marl_runner.config import ConfigError
+from marl_runner.envs.testing.scripted_env import OBS_SPACE, ScriptedEnv, every_round_script
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "configs"
+AGENTS = ("archer_0", "archer_1", "knight_0")
+MODULE = __name__
+
+
+class ArcherKnightEnv(ScriptedEnv):
+    """Archers act in Discrete(6), the knight in Discrete(knight_actions)."""
+
+    def __init__(self, knight_actions: int = 4) -> None:
+        super().__init__(every_round_script(AGENTS, 3), AGENTS, action_space=gym.spaces.Discrete(6))
+        self.action_spaces["knight_0"] = gym.spaces.Discrete(knight_actions)
+
+
+class BrokenEnv(ScriptedEnv):
+    def __init__(self, **kwargs: Any) -> None:
+        raise TypeError(f"__init__() got an unexpected keyword argument {next(iter(kwargs))!r}")
+
+
+def map_with_worker(agent_id: str, episode: Any, worker: Any, **kwargs: Any) -> str:
+    """RLlib's signature: the runner passes ``worker=``; a mapping without it fails."""
+    assert worker is not None, "the runner passes worker="
+    return "archer" if agent_id.startswith("archer") else "knight"
+
+
+def map_everyone_to_shared(agent_id: str, episode: Any, **kwargs: Any) -> str:
+    return "shared"
+
+
+def map_raising(agent_id: str, episode: Any) -> str:
+    raise KeyError(agent_id)
+
+
+def write_config(tmp_path: Path, **changes: Any) -> Path:
+    data: dict[str, Any] = {
+        "env": {"name": f"{MODULE}:ArcherKnightEnv"},
+        "num_envs": 2,
+        "rollout_fragment_length": 10,
+        "policies": {"archer": {}, "knight": {}},
+        "policy_mapping_fn": {"archer_*": "archer", "knight_*": "knight"},
+    }
+    data.update(changes)
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def archer(**spec: Any) -> dict[str, Any]:
+    """Policies with ``spec`` for the archer."""
+    return {"policies": {"archer": spec, "knight": {}}}
+
+
+def one_line_error(err: str, *words: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    for word in words:
+        assert word in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.fixture(autouse=True)
+def _importable_test_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Configs name this module's envs and mapping fns by import path."""
+    monkeypatch.setitem(sys.modules, MODULE, sys.modules[__name__])
+
+
+def test_prints_agents_policies_and_spaces(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_config(tmp_path)
+    assert main(["validate", str(path), "--set", "env.config.knight_actions=5"]) == 0
+    out = capsys.readouterr().out
+    for text in ("archer_0", "archer_1", "knight_0", "Discrete(6)", "Discrete(5)", str(OBS_SPACE)):
+        assert text in out
+    assert "config OK" in out
+    assert "archer_1 │ archer" in out.replace("  ", " ").replace("  ", " ")
+
+
+def test_notes_unused_policies(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_config(tmp_path, policies={"archer": {}, "knight": {}, "zombie": {}})
+    assert main(["validate", str(path)]) == 0
+    assert "note: policy 'zombie' has no agent" in capsys.readouterr().out
+
+
+def test_mapping_fn_with_rllib_signature_passes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression (issue 8, defect 5): validate called the mapping as fn(agent, None), without worker=."""
+    path = write_config(tmp_path, policy_mapping_fn=f"{MODULE}:map_with_worker")
+    assert main(["validate", str(path)]) == 0, capsys.readouterr().err
+    assert "config OK" in capsys.readouterr().out
+
+
+#: Configs that `sample` rejected at build time but the old `validate` passed, and the key named.
+BUILD_TIME_ERRORS = [
+    pytest.param(
+        archer(
+            agent_connectors=[
+                "ObsPreprocessorConnector",
+                {"name": "ClipRewardAgentConnector", "limt": 1},
+            ]
+        ),
+        ["policies.archer.agent_connectors[1].limt", "did you mean 'limit'"],
+        id="misspelled-param",
+    ),
+    pytest.param(
+        archer(agent_connectors=[{"name": "ClipRewardAgentConnector", "limit": "abc"}]),
+        ["policies.archer.agent_connectors[0].limit", "'abc'", "a number"],
+        id="param-type",
+    ),
+    pytest.param(
+        archer(agent_connectors=[{"name": "ClipRewardAgentConnector", "limit": -1}]),
+        ["policies.archer.agent_connectors[0].limit", "> 0"],
+        id="param-value",
+    ),
+    pytest.param(
+        archer(agent_connectors=["ClipActionsConnector"]),
+        ["policies.archer.agent_connectors[0]", "ClipActionsConnector", "action chain"],
+        id="action-connector-in-agent-chain",
+    ),
+    pytest.param(
+        archer(model={"hiden": [64]}),
+        ["policies.archer.model.hiden", "did you mean 'hidden'"],
+        id="model-key",
+    ),
+    pytest.param(
+        archer(action_connectors=["no_such_pkg_xyz.connectors:Squash"]),
+        ["policies.archer.action_connectors[0]", "no module named 'no_such_pkg_xyz'"],
+        id="missing-import-path",
+    ),
+    pytest.param(
+        archer(agent_connectors=[f"{MODULE}:NoSuchConnector"]),
+        ["policies.archer.agent_connectors[0]", "has no attribute 'NoSuchConnector'"],
+        id="missing-class",
+    ),
+    pytest.param(
+        archer(
+            agent_connectors=["MeanStdObservationFilterAgentConnector"],
+            observation_space={"type": "Discrete", "n": 3},
+        ),
+        ["policies.archer.observation_space", "Discrete(3)", "Box"],
+        id="declared-obs-space",
+    ),
+    pytest.param(
+        archer(action_space={"type": "Discrete", "n": 5}),
+        ["policies.archer.action_space", "'archer'", "Discrete(5)", "Discrete(6)"],
+        id="declared-action-space",
+    ),
+]
+
+
+@pytest.mark.parametrize(("changes", "words"), BUILD_TIME_ERRORS)
+def test_validate_names_the_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], changes: dict, words: list[str]
+) -> None:
+    path = write_config(tmp_path, **changes)
+    assert main(["validate", str(path)]) == 2
+    captured = capsys.readouterr()
+    assert "config OK" not in captured.out
+    one_line_error(captured.err, "marl-runner validate: error:", *words)
+
+
+@pytest.mark.parametrize(("changes", "words"), BUILD_TIME_ERRORS)
+def test_sample_agrees_with_validate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], changes: dict, words: list[str]
+) -> None:
+    """Both commands reject the config with exit 2 and the same dotted key."""
+    path = write_config(tmp_path, **changes)
+    assert main(["sample", str(path), "--steps", "5"]) == 2
+    one_line_error(capsys.readouterr().err, "marl-runner sample: error:", words[0])
+
+
+@pytest.mark.parametrize(
+    ("changes", "words"),
+    [
+        ({"num_env": 3}, ["run.yaml", "num_env: unknown key", "num_envs"]),
+        (archer(model={"type": "cnn"}), ["policies.archer.model.type", "'mlp'"]),
+        (
+            {"callbacks": "no_such_module_xyz:Cb"},
+            ["callbacks:", "no module named 'no_such_module_xyz'"],
+        ),
+        (
+            {"policy_mapping_fn": "examples.mappings:shared"},
+            ["policy_mapping_fn:", "'shared'", "'archer_0'", "not a known policy id"],
+        ),
+        (
+            {"policy_mapping_fn": {"archer_*": "archer"}},
+            ["policy_mapping_fn:", "'knight_0'", "matches none of the patterns"],
+        ),
+        ({"policy_mapping_fn": None}, ["policy_mapping_fn", "required when there are 2 policies"]),
+        (
+            {"policy_mapping_fn": f"{MODULE}:map_raising"},
+            ["policy_mapping_fn failed for agent 'archer_0'", "KeyError"],
+        ),
+        (
+            {"policy_mapping_fn": {"*": "archer"}},
+            [
+                "policies.archer",
+                "'archer_0' and 'knight_0'",
+                "different action spaces",
+                "Discrete(6)",
+            ],
+        ),
+        ({"vectorize": "subproces"}, ["vectorize", "did you mean 'subprocess'"]),
+    ],
+)
+def test_rejects_bad_configs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], changes: dict[str, Any], words: list[str]
+) -> None:
+    path = write_config(tmp_path, **changes)
+    assert main(["validate", str(path)]) == 2
+    captured = capsys.readouterr()
+    assert "config OK" not in captured.out
+    one_line_error(captured.err, "marl-runner validate: error:", *words)
+
+
+def test_env_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    env = {"name": f"{MODULE}:BrokenEnv", "config": {"sise": 3}}
+    assert main(["validate", str(write_config(tmp_path, env=env))]) == 2
+    one_line_error(capsys.readouterr().err, f"env: cannot build '{MODULE}:BrokenEnv'", "'sise'")
+
+
+def test_traceback_flag_shows_the_cause(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    env = {"name": f"{MODULE}:BrokenEnv", "config": {"bad": 1}}
+    assert main(["validate", str(write_config(tmp_path, env=env)), "--traceback"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "TypeError" in err
+
+
+def test_yaml_syntax_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "broken.yaml"
+    path.write_text("env:\n  name: x\n policies: {}\n")
+    assert main(["validate", str(path)]) == 2
+    one_line_error(capsys.readouterr().err, "broken.yaml", "line 3")
+
+
+def test_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", str(tmp_path / "nope.yaml")]) == 2
+    one_line_error(capsys.readouterr().err, "nope.yaml", "cannot read")
+
+
+def test_bad_override(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", str(write_config(tmp_path)), "--set", "num_envs=0"]) == 2
+    one_line_error(capsys.readouterr().err, "num_envs: got 0, expected an integer >= 1")
+
+
+EXPECTED_AGENTS = {
+    "kaz.yaml": {
+        "archer_0": "archer",
+        "archer_1": "archer",
+        "knight_0": "knight",
+        "knight_1": "knight",
+    },
+    "simple_spread.yaml": {"agent_0": "shared", "agent_1": "shared", "agent_2": "shared"},
+    "connect_four.yaml": {"player_0": "player_0", "player_1": "player_1"},
+    "tictactoe.yaml": {"player_1": "player_1", "player_2": "player_2"},
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_AGENTS))
+def test_example_configs_with_real_envs(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", str(EXAMPLES / name)]) == 0
+    out = capsys.readouterr().out
+    rows = {
+        line.split("│")[1].strip(): line.split("│")[2].strip()
+        for line in out.splitlines()
+        if line.count("│") >= 4 and line.split("│")[1].strip() in EXPECTED_AGENTS[name]
+    }
+    assert rows == EXPECTED_AGENTS[name]
+    assert "config OK" in out
+
+
+# ----------------------------------------------------------------------------- build-time space checks
+
+
+def runner_config(**changes: Any) -> RunnerConfig:
+    data: dict[str, Any] = {
+        "env": {"name": f"{MODULE}:ArcherKnightEnv", "config": {"knight_actions": 5}},
+        "policies": {"archer": {}, "knight": {}},
+        "policy_mapping_fn": {"archer_*": "archer", "knight_*": "knight"},
+    }
+    data.update(changes)
+    return RunnerConfig.from_dict(data)
+
+
+def test_configured_action_space_that_does_not_fit_the_agents() -> None:
+    config = runner_config(
+        policies={"archer": {}, "knight": {"action_space": {"type": "Discrete", "n": 3}}}
+    )
+    with pytest.raises(ConfigError) as info:
+        EnvRunner(config)
+    assert info.value.key == "policies.knight.action_space"
+    for word in ("'knight'", "Discrete(3)", "Discrete(5)"):
+        assert word in str(info.value)
+
+
+def test_ready_made_policy_with_box_actions_for_a_discrete_env() -> None:
+    box_policy = RandomPolicy(OBS_SPACE, gym.spaces.Box(-1.0, 1.0, (2,), np.float32))
+    with pytest.raises(ConfigError) as info:
+        EnvRunner(runner_config(), policies={"knight": box_policy})
+    assert info.value.key == "policies.knight"
+    for word in ("'knight'", "Box(-1.0, 1.0, (2,), float32)", "Discrete(5)"):
+        assert word in str(info.value)
