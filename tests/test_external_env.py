@@ -174,11 +174,11 @@ def test_connectors_run_under_external_control():
         policy_batch = batch.policy_batches["p"]
         assert policy_batch["obs"].shape[1:] == (frames, 3)
         for rows in trajectory_rows(policy_batch).values():
-            obs_rows += len(rows)
+            obs_rows += len(rows) + 1  # and the final (or fake final) obs of the trajectory
             first = policy_batch["obs"][rows[0]]
             assert (first[:-1] == 0).all() and first[-1].any()  # padded at the episode start
             np.testing.assert_array_equal(policy_batch["obs"][rows[1]][-2], first[-1])
-    # The filter saw every obs a client sent (not the fake final ones), and normalised them:
+    # The filter saw every obs of every trajectory, and normalised them:
     # raw uniform(-1, 1) obs have std 0.58, filtered ones about 1.
     assert filter_state["count"] == obs_rows
     last_frames = np.concatenate([b.policy_batches["p"]["obs"][:, -1] for b in batches])
@@ -230,7 +230,8 @@ def test_unknown_and_finished_episode_ids_raise_value_error():
 
 
 def test_quiet_client_ends_faulty_and_its_slot_is_reused():
-    cfg = external_config({"name": PLAIN}, num_envs=1, external_episode_timeout_s=0.3)
+    cfg = external_config({"name": PLAIN}, num_envs=1, external_episode_timeout_s=0.3,
+                          restart_failed_sub_environments=True)
     with EnvRunner(cfg) as runner:
         env = runner.env.get_sub_environments()[0]
         state: dict[str, Any] = {}

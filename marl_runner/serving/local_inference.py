@@ -2,8 +2,9 @@
 
 The client builds its own EnvRunner over an in-client external env, from the
 server's config and spaces, and pulls weights and connector state (e.g.
-observation filter statistics) every `update_interval_s`. Only experience
-batches travel to the server, on a sender thread so that uploads never hold
+observation filter statistics, merged with what this client's filters saw)
+every `update_interval_s`. Only experience batches and filter deltas travel
+to the server, on a sender thread so that uploads never hold
 up an action.
 """
 
@@ -16,6 +17,7 @@ import time
 import uuid
 
 from marl_runner.config import RunnerConfig, space_from_spec
+from marl_runner.distributed.filter_states import pop_filter_deltas
 from marl_runner.envs import ExternalMultiAgentEnv, register_env
 from marl_runner.serving.batches import batch_to_value
 from marl_runner.serving.transport import HttpTransport
@@ -44,7 +46,7 @@ class LocalInference:
         config["env"] = {"name": env_name, "config": {}, "api": "multi_agent"}
         config["callbacks"] = None  # user callbacks run on the server's runner
         self.runner = EnvRunner(RunnerConfig.from_dict(config))
-        self.runner.set_state(transport.get("state"))
+        self._sync_state()
         self.error: BaseException | None = None
         self.batches_sent = 0
         self._outbox: queue.Queue = queue.Queue()
@@ -70,10 +72,15 @@ class LocalInference:
                     if isinstance(item, self._batch_type):
                         self._outbox.put(item)
                 if time.monotonic() >= next_update:
-                    self.runner.set_state(self.transport.get("state"))
+                    self._sync_state()
                     next_update = time.monotonic() + self.update_interval_s
         except BaseException as exc:
             self._fail(exc)
+
+    def _sync_state(self) -> None:
+        """Our filters' deltas up, the server's weights and merged connector state down."""
+        deltas = [[pid, index, stats] for (pid, index), stats in pop_filter_deltas(self.runner).items()]
+        self.runner.set_state(self.transport.post("state", {"filter_deltas": deltas}))
 
     def _send(self) -> None:
         while True:

@@ -16,13 +16,17 @@ import ipaddress
 import logging
 import queue
 import threading
-import time
 from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from marl_runner.config import space_to_spec
+from marl_runner.distributed.filter_states import (
+    install_filter_states,
+    merge_filter_states,
+    read_filter_states,
+)
 from marl_runner.envs.external_episodes import ExternalEnvStopped
 from marl_runner.envs.external_vector_env import ExternalVectorEnv
 from marl_runner.serving import codec
@@ -31,6 +35,7 @@ from marl_runner.serving.validation import (
     RequestError,
     agent_values,
     episode_id_of,
+    filter_deltas_of,
     infos_of,
     rewards_of,
 )
@@ -41,8 +46,6 @@ API_PREFIX = "/v1/"
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 # A keep-alive connection with no request for this long is closed.
 IDLE_CONNECTION_TIMEOUT_S = 300.0
-# How old a weights snapshot handed to local-inference clients may be.
-STATE_MAX_AGE_S = 1.0
 
 
 class ServerSetupError(ValueError):
@@ -58,36 +61,57 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-class StateSnapshots:
-    """Weights and connector state for local-inference clients, taken in the runner's thread.
+class _SyncRequest:
+    __slots__ = ("deltas", "body", "error")
 
-    A handler asks (`get`); the sampling loop takes a snapshot between two
-    steps (`refresh`), so nobody reads the policies while the runner updates them.
+    def __init__(self, deltas: dict) -> None:
+        self.deltas = deltas
+        self.body: bytes | None = None
+        self.error: BaseException | None = None
+
+
+class StateSync:
+    """Weights and connector state for local-inference clients, exchanged in the runner's thread.
+
+    A client sends what its observation filters saw since its last sync
+    (their deltas) and gets back the server's weights and connector state,
+    with those deltas merged in exactly (as `EnvRunnerGroup` does for its
+    runners). The sampling loop does the merge and the snapshot between two
+    steps (`refresh`), so nobody touches the policies while the runner uses them.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Condition()
-        self._body: bytes | None = None
-        self._taken_at = -float("inf")
-        self._wanted = False
+        self._pending: list[_SyncRequest] = []
 
-    def get(self, timeout_s: float = 30.0) -> bytes:
+    def exchange(self, deltas: dict, timeout_s: float = 30.0) -> bytes:
+        request = _SyncRequest(deltas)
         with self._lock:
-            if self._body is None or time.monotonic() - self._taken_at > STATE_MAX_AGE_S:
-                self._wanted = True
-                taken_before = self._taken_at
-                if not self._lock.wait_for(lambda: self._taken_at > taken_before, timeout_s):
-                    raise TimeoutError("the runner did not publish its weights in time")
-            assert self._body is not None
-            return self._body
+            self._pending.append(request)
+            done = self._lock.wait_for(lambda: request.body is not None or request.error, timeout_s)
+        if request.error is not None:
+            raise request.error
+        if not done:
+            raise TimeoutError("the runner did not publish its weights in time")
+        assert request.body is not None
+        return request.body
 
     def refresh(self, runner: Any) -> None:
         with self._lock:
-            if not self._wanted:
+            if not self._pending:
                 return
+            requests, self._pending = self._pending, []
+        for request in requests:
+            if request.deltas:
+                try:
+                    merged = merge_filter_states(read_filter_states(runner), [request.deltas])
+                    install_filter_states(runner, merged)
+                except Exception as exc:
+                    request.error = RequestError(f"filter_deltas do not fit the server's filters: {exc}")
         body = codec.encode(runner.get_state())
         with self._lock:
-            self._body, self._taken_at, self._wanted = body, time.monotonic(), False
+            for request in requests:
+                request.body = body
             self._lock.notify_all()
 
 
@@ -119,6 +143,11 @@ class PolicyServer:
                 f"PolicyServer needs a runner with `vectorize: external`, got vectorize "
                 f"{runner.config.vectorize!r}"
             )
+        if not runner.config.restart_failed_sub_environments:
+            raise ServerSetupError(
+                "PolicyServer needs `restart_failed_sub_environments: true`: otherwise one client "
+                "that goes quiet (a faulty episode) stops the runner for every client"
+            )
         if not token and not is_loopback(host):
             raise ServerSetupError(
                 f"binding {host!r} (not a loopback address) needs a shared token: pass --token "
@@ -128,7 +157,7 @@ class PolicyServer:
         self.env = runner.env.env
         self.token = token or None
         self.max_body_bytes = max_body_bytes
-        self.snapshots = StateSnapshots()
+        self.state_sync = StateSync()
         self.uploads: queue.SimpleQueue = queue.SimpleQueue()
         self._httpd = _HTTPServer((host, port), _Handler)
         self._httpd.policy_server = self
@@ -136,8 +165,13 @@ class PolicyServer:
 
     @property
     def address(self) -> str:
-        host, port = self._httpd.server_address[:2]
+        host, port = self.server_address_tuple()
         return f"http://{host}:{port}"
+
+    def server_address_tuple(self) -> tuple[str, int]:
+        """`(host, port)` actually bound (port 0 asks the OS for a free one)."""
+        host, port = self._httpd.server_address[:2]
+        return host, port
 
     def start(self) -> PolicyServer:
         self._thread = threading.Thread(
@@ -154,7 +188,7 @@ class PolicyServer:
             for item in runner.step():
                 on_output(item)
             self.drain_uploads(on_output)
-            self.snapshots.refresh(runner)
+            self.state_sync.refresh(runner)
 
     def drain_uploads(self, on_output: Callable[[Any], None]) -> None:
         while True:
@@ -230,8 +264,8 @@ class PolicyServer:
             "action_spaces": {a: space_to_spec(self.env.get_action_space(a)) for a in agents},
         }
 
-    def _state(self, body: Any) -> bytes:
-        return self.snapshots.get()
+    def _state(self, body: dict) -> bytes:
+        return self.state_sync.exchange(filter_deltas_of(body, self.runner.policy_map))
 
     def _health(self, body: Any) -> dict:
         return {"ok": True, "running_episodes": self.runner.env.board.num_running}
@@ -244,10 +278,10 @@ _POST_ROUTES: dict[str, Callable[[PolicyServer, Any], Any]] = {
     "log_returns": PolicyServer._log_returns,
     "end_episode": PolicyServer._end_episode,
     "experiences": PolicyServer._experiences,
+    "state": PolicyServer._state,
 }
 _GET_ROUTES: dict[str, Callable[[PolicyServer, Any], Any]] = {
     "info": PolicyServer._info,
-    "state": PolicyServer._state,
     "health": PolicyServer._health,
 }
 # Exception types a client re-raises as themselves (anything else: PolicyServerError).

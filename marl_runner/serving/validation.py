@@ -77,6 +77,28 @@ def infos_of(body: dict) -> dict[Any, dict] | None:
     return infos
 
 
+def filter_deltas_of(body: dict, policy_map: dict) -> dict[tuple[str, int], dict]:
+    """`[[policy_id, connector index, stats], ...]` of a local client's observation filters."""
+    deltas = body.get("filter_deltas", [])
+    if not isinstance(deltas, list):
+        raise RequestError("filter_deltas: expected a list of [policy_id, index, stats]")
+    out = {}
+    for item in deltas:
+        if not (isinstance(item, list) and len(item) == 3 and isinstance(item[2], dict)):
+            raise RequestError(f"filter_deltas item {_short(item)}: expected [policy_id, index, stats]")
+        policy_id, index, stats = item
+        chain = policy_map[policy_id].agent_connectors if policy_id in policy_map else None
+        if (
+            chain is None or isinstance(index, bool) or not isinstance(index, int)
+            or not 0 <= index < len(chain) or not hasattr(chain[index], "pop_delta")
+        ):
+            raise RequestError(f"filter_deltas: policy {_short(policy_id)} has no filter at {_short(index)}")
+        if set(stats) != {"count", "mean", "m2"}:
+            raise RequestError("filter_deltas stats: expected the keys count, mean, m2")
+        out[(policy_id, index)] = stats
+    return out
+
+
 def to_space(space: gym.Space, value: Any, where: str) -> Any:
     """`value` converted to an element of `space`; `RequestError` when it does not fit."""
     if isinstance(space, gym.spaces.Discrete):
