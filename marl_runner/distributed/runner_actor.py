@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -33,7 +34,8 @@ class RunnerActor:
         return self.runner.get_weights()
 
     def set_weights(self, weights: dict[str, Any]) -> None:
-        self.runner.set_weights(weights)
+        # Arrays from the object store are read-only views; the policy gets its own copy.
+        self.runner.set_weights(copy.deepcopy(weights))
 
     def pop_filter_deltas(self) -> FilterStates:
         return pop_filter_deltas(self.runner)
