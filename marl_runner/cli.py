@@ -9,6 +9,7 @@ mapping, spaces); 130 interrupted. Errors are one line on stderr;
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import sys
@@ -20,7 +21,6 @@ from typing import Any
 import yaml
 from rich.console import Console
 
-from marl_runner.batch import MultiAgentBatch
 from marl_runner.config import ConfigError, RunnerConfig
 from marl_runner.display import (
     ProgressReporter,
@@ -32,7 +32,6 @@ from marl_runner.display import (
 from marl_runner.imports import ImportPathError, import_object
 from marl_runner.io import list_batch_files, write_batch
 from marl_runner.mapping import PolicyMappingError, make_policy_mapping_fn
-from marl_runner.metrics import RolloutMetrics
 
 __all__ = ["build_parser", "main"]
 
@@ -133,6 +132,20 @@ def build_parser() -> argparse.ArgumentParser:
         "DIR must not already hold batch files",
     )
     sample.add_argument(
+        "--runners",
+        type=_non_negative_int,
+        metavar="N",
+        help="sample with N runners in Ray actors (an EnvRunnerGroup), in parallel; 0: one "
+        "runner in this process; default: the config's num_runners (0)",
+    )
+    sample.add_argument(
+        "--address",
+        metavar="ADDR",
+        help="with --runners: the Ray cluster to join (e.g. 'auto' or HEAD_IP:6379, see "
+        "`ray start --head`); default: the config's ray_address, else the cluster running on "
+        "this machine, else a local Ray started for this command and ended after it",
+    )
+    sample.add_argument(
         "--progress-interval",
         type=float,
         default=10.0,
@@ -173,22 +186,30 @@ def _run_sample(args: argparse.Namespace) -> int:
         unit, target = args.count_steps_by, args.steps
     else:
         unit, target = "env_steps", config.num_envs * config.rollout_fragment_length
+    num_runners = config.num_runners if args.runners is None else args.runners
     if args.out is not None:
         _prepare_out_dir(args.out, config)
 
     try:
-        from marl_runner.sampling.runner import EnvRunner  # imports torch: only when sampling
+        from marl_runner.distributed import EnvRunnerGroup, ray_session  # imports torch
     except ImportError as exc:
         raise CommandError(f"the sampler cannot be loaded: {exc}", EXIT_FAILURE) from exc
 
     console = Console()
     counts = SampleCounts()
     try:
-        with EnvRunner(config) as runner:
+        with contextlib.ExitStack() as stack:
+            group_options: dict[str, Any] = {}
+            if num_runners:
+                _require_ray()
+                # A local Ray is started for the user when no cluster is given; ended after.
+                stack.enter_context(ray_session(args.address or config.ray_address))
+                group_options["num_cpus_per_runner"] = _cpus_per_runner(num_runners)
+            group = stack.enter_context(EnvRunnerGroup(config, num_runners, **group_options))
             progress = make_progress(target, unit, console, interval_s=args.progress_interval)
             with progress:
-                interrupted = _step_until(runner, counts, unit, target, progress, args.out)
-            metrics = runner.get_metrics()
+                interrupted = _sample_until(group, counts, unit, target, progress, args.out)
+            metrics = group.get_metrics()
     except (ConfigError, ImportPathError) as exc:
         raise CommandError(str(exc)) from exc
     except Exception as exc:
@@ -203,41 +224,56 @@ def _run_sample(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _step_until(
-    runner: Any,
+def _sample_until(
+    group: Any,
     counts: SampleCounts,
     unit: str,
     target: int,
     progress: ProgressReporter,
     out_dir: Path | None,
 ) -> bool:
-    """Calls ``runner.step()`` until ``counts.<unit>`` reaches ``target``, writing each
-    batch as it arrives; returns True when stopped early by Ctrl-C.
+    """Takes batches from ``group.iter_batches()`` (each one ``EnvRunner.sample()`` of a
+    runner) until ``counts.<unit>`` reaches ``target``, writing each as it arrives;
+    returns True when stopped early by Ctrl-C.
 
-    Stepping (rather than one ``runner.sample()`` call) is what lets the bar
-    move and the batches reach disk while sampling goes on.
+    A batch counts once ``write_batch`` returned, so after Ctrl-C the summary
+    names exactly the batches on disk.
     """
+    batches = group.iter_batches()
     try:
         while getattr(counts, unit) < target:
-            outputs = runner.step()
-            if not outputs:
-                continue
-            for item in outputs:
-                if isinstance(item, MultiAgentBatch):
-                    counts.batches += 1
-                    counts.env_steps += item.env_steps()
-                    counts.agent_steps += item.agent_steps()
-                    if out_dir is not None:
-                        write_batch(item, out_dir, counts.batches)
-                elif isinstance(item, RolloutMetrics):
-                    if item.episode_faulty:
-                        counts.faulty_episodes += 1
-                    else:
-                        counts.episodes += 1
+            batch = next(batches)
+            if out_dir is not None:
+                write_batch(batch, out_dir, counts.batches + 1)
+            counts.batches += 1
+            counts.env_steps += batch.env_steps()
+            counts.agent_steps += batch.agent_steps()
+            counts.episodes = group.totals.episodes
+            counts.faulty_episodes = group.totals.faulty_episodes
             progress.update(counts)
     except KeyboardInterrupt:
         return True
+    finally:
+        batches.close()
     return False
+
+
+def _require_ray() -> None:
+    try:
+        import ray  # noqa: F401
+    except ImportError as exc:
+        raise CommandError(
+            f"--runners needs Ray ({exc}); install it with: pip install 'marl-runner[ray]'",
+            EXIT_FAILURE,
+        ) from exc
+
+
+def _cpus_per_runner(num_runners: int) -> float:
+    """One CPU per runner, or an equal share when there are more runners than CPUs."""
+    import ray
+
+    cpus = ray.cluster_resources().get("CPU", 1.0)
+    return min(1.0, cpus / num_runners)
 
 
 def _prepare_out_dir(out_dir: Path, config: RunnerConfig) -> None:
@@ -418,6 +454,16 @@ def _check_imports(config: RunnerConfig) -> None:
         config.check_imports()
     except ConfigError as exc:
         raise CommandError(str(exc)) from exc
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
 
 
 def _positive_int(text: str) -> int:
