@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 
 from connectors import (
@@ -17,6 +18,7 @@ from connectors import (
     AgentRows,
     ConnectorContext,
 )
+from marl_runner.envs.testing.scripted_env import ScriptedEnv, every_round_script
 
 
 def make_rows(
@@ -74,3 +76,28 @@ def double_action(item: ActionConnectorDataType) -> ActionConnectorDataType:
     action, states, extra = item.output
     item.output = (action * 2, states, extra)
     return item
+
+
+class RecordingBoxEnv(ScriptedEnv):
+    """Two agents acting in Box(0, 10, (2,)); keeps every action it receives in ``received``."""
+
+    def __init__(self, episode_len: int = 20) -> None:
+        super().__init__(
+            every_round_script(("a0", "a1"), episode_len),
+            ("a0", "a1"),
+            action_space=gym.spaces.Box(0.0, 10.0, (2,), np.float32),
+        )
+        self.received: list[np.ndarray] = []
+
+    def _check_action(self, agent: Any, action: Any) -> None:
+        super()._check_action(agent, np.asarray(action, np.float32))
+        self.received.append(np.asarray(action))
+
+
+def record_item_view(item: AgentConnectorDataType) -> AgentConnectorDataType:
+    """A per-item connector that notes what it was shown (``SEEN_ITEMS``) and passes it on."""
+    SEEN_ITEMS.append((item.env_id, item.agent_id, dict(item.data)))
+    return item
+
+
+SEEN_ITEMS: list[tuple[int, Any, dict[str, Any]]] = []
