@@ -32,6 +32,7 @@ from marl_runner.display import (
 from marl_runner.imports import ImportPathError, import_object
 from marl_runner.io import list_batch_files, write_batch
 from marl_runner.mapping import PolicyMappingError, make_policy_mapping_fn
+from marl_runner.serving.cli import add_serve_parser, run_serve
 
 __all__ = ["build_parser", "main"]
 
@@ -59,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     _import_from_cwd()
-    command = {"sample": _run_sample, "validate": _run_validate}[args.command]
+    command = {"sample": _run_sample, "validate": _run_validate, "serve": run_serve}[args.command]
     try:
         return command(args)
     except CommandError as exc:
@@ -164,6 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
         "agents sharing a policy share spaces that fit it. Rejects exactly what sample rejects "
         "when it starts, with the same exit code (2) and dotted key.",
     )
+
+    add_serve_parser(commands, common)
 
     commands.add_parser(
         "bench",

@@ -159,6 +159,7 @@ class PolicyServer:
         self.max_body_bytes = max_body_bytes
         self.state_sync = StateSync()
         self.uploads: queue.SimpleQueue = queue.SimpleQueue()
+        self.num_uploaded = 0
         self._httpd = _HTTPServer((host, port), _Handler)
         self._httpd.policy_server = self
         self._thread: threading.Thread | None = None
@@ -196,6 +197,7 @@ class PolicyServer:
                 batch = self.uploads.get_nowait()
             except queue.Empty:
                 return
+            self.num_uploaded += 1
             on_output(batch)
 
     def close(self) -> None:

@@ -1,0 +1,199 @@
+"""`marl-runner serve CONFIG`: a policy server for `vectorize: external` configs.
+
+Runs the config's runner behind `PolicyServer` until SIGINT/SIGTERM (or an
+optional `--steps`/`--episodes` target), writes every batch to `--out` as
+`sample` does (its own and those uploaded by local-inference clients), shows
+the same progress line, and prints the metrics table on shutdown. A signal
+finishes the batch being written, unblocks waiting clients (they get 503),
+and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from marl_runner.display import ProgressReporter, SampleCounts, make_progress, metrics_table
+
+DEFAULT_PORT = 9900
+TOKEN_ENV_VAR = "MARL_RUNNER_TOKEN"
+
+
+def add_serve_parser(commands: Any, common: argparse.ArgumentParser) -> None:
+    """Registers `serve` on the CLI's subparsers (`common`: config, --set, --traceback)."""
+    serve = commands.add_parser(
+        "serve",
+        parents=[common],
+        help="serve the config's policies over HTTP to external simulators (vectorize: external)",
+        description="Run the config's runner behind an HTTP policy server: clients "
+        "(marl_runner.client.PolicyClient, or any HTTP client speaking JSON) start episodes, "
+        "ask for actions and log rewards; batches go to --out as with sample. Stops on "
+        "SIGINT/SIGTERM (exit 0) or when --steps/--episodes is reached.",
+    )
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="address to bind (default 127.0.0.1; any other needs a token)")
+    serve.add_argument("--port", type=int, default=DEFAULT_PORT,
+                       help=f"port to bind (default {DEFAULT_PORT}; 0 picks a free one)")
+    serve.add_argument("--token", default=None,
+                       help=f"shared token clients must send (default: ${TOKEN_ENV_VAR}); "
+                       "required when --host is not a loopback address")
+    serve.add_argument("--out", type=Path, metavar="DIR",
+                       help="write each batch as DIR/batch_NNNNNN.npz (atomically) plus DIR/config.yaml")
+    target = serve.add_mutually_exclusive_group()
+    target.add_argument("--steps", type=int, metavar="N",
+                        help="stop after N env steps in the batches (default: serve until stopped)")
+    target.add_argument("--episodes", type=int, metavar="N",
+                        help="stop after N episodes (default: serve until stopped)")
+    serve.add_argument("--max-body-mb", type=float, default=64.0, metavar="MB",
+                       help="largest request body accepted (default 64 MB; bigger: 413)")
+    serve.add_argument("--progress-interval", type=float, default=10.0, metavar="SECONDS",
+                       help="seconds between progress lines (default: 10)")
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from marl_runner import cli
+    from marl_runner.serving.server import PolicyServer, ServerSetupError, is_loopback
+
+    config = cli._load_config(args.config, args.overrides)
+    cli._check_imports(config)
+    if config.vectorize != "external":
+        raise cli.CommandError(
+            f"serve needs `vectorize: external` (env.name an ExternalMultiAgentEnv subclass), "
+            f"got vectorize {config.vectorize!r}"
+        )
+    console = Console()
+    if not config.restart_failed_sub_environments:
+        # A client that goes quiet must cost its episode, never the server.
+        config = dataclasses.replace(config, restart_failed_sub_environments=True)
+    token = args.token or os.environ.get(TOKEN_ENV_VAR) or None
+    if not token and not is_loopback(args.host):
+        raise cli.CommandError(
+            f"--host {args.host} is not a loopback address: give a shared token with --token "
+            f"or ${TOKEN_ENV_VAR}"
+        )
+    for name in ("steps", "episodes"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise cli.CommandError(f"--{name}: expected a positive integer")
+    if args.out is not None:
+        cli._prepare_out_dir(args.out, config)
+    from marl_runner import EnvRunner  # imports torch: only when serving
+
+    counts = SampleCounts()
+    stop = threading.Event()
+    unit, target = _target(args)
+    progress = (
+        make_progress(target, unit, console, interval_s=args.progress_interval)
+        if target is not None else _ServeLines(console, args.progress_interval)
+    )
+    writer = _Writer(counts, progress, args.out, stop, unit, target)
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with EnvRunner(config) as runner:
+            try:
+                server = PolicyServer(
+                    runner, args.host, args.port, token=token,
+                    max_body_bytes=int(args.max_body_mb * 1024 * 1024),
+                )
+            except (ServerSetupError, OSError) as exc:
+                raise cli.CommandError(f"cannot serve on {args.host}:{args.port}: {exc}") from exc
+            server.start()
+            console.print(f"serving {config.env['name']} on {server.address} "
+                          f"({config.num_envs} episodes at once)", highlight=False, soft_wrap=True)
+            console.file.flush()
+            try:
+                with progress:
+                    server.serve(stop, writer)
+            finally:
+                runner.stop()  # waiting clients get 503 now
+                server.close()
+                server.drain_uploads(writer)
+            metrics = runner.get_metrics()
+            uploaded = server.num_uploaded
+    except cli.CommandError:
+        raise
+    except Exception as exc:
+        raise cli.CommandError(cli._describe(exc), cli.EXIT_FAILURE) from exc
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    console.print(metrics_table(metrics))
+    if uploaded:
+        console.print(f"{uploaded} of the batches came from local-inference clients", highlight=False)
+    if args.out is not None:
+        console.print(f"wrote {counts.batches} batches to {args.out}", highlight=False)
+    return cli.EXIT_OK
+
+
+def _target(args: argparse.Namespace) -> tuple[str, int | None]:
+    if args.episodes is not None:
+        return "episodes", args.episodes
+    return "env_steps", args.steps
+
+
+class _Writer:
+    """Counts and writes every runner output; sets `stop` once the target is reached."""
+
+    def __init__(self, counts: SampleCounts, progress: ProgressReporter, out_dir: Path | None,
+                 stop: threading.Event, unit: str, target: int | None) -> None:
+        from marl_runner import MultiAgentBatch, RolloutMetrics
+
+        self._batch_type, self._metrics_type = MultiAgentBatch, RolloutMetrics
+        self.counts, self.progress, self.out_dir = counts, progress, out_dir
+        self.stop, self.unit, self.target = stop, unit, target
+
+    def __call__(self, item: Any) -> None:
+        from marl_runner.io import write_batch
+
+        counts = self.counts
+        if isinstance(item, self._batch_type):
+            counts.batches += 1
+            counts.env_steps += item.env_steps()
+            counts.agent_steps += item.agent_steps()
+            if self.out_dir is not None:
+                write_batch(item, self.out_dir, counts.batches)
+        elif isinstance(item, self._metrics_type):
+            if item.episode_faulty:
+                counts.faulty_episodes += 1
+            else:
+                counts.episodes += 1
+        self.progress.update(counts)
+        if self.target is not None and getattr(counts, self.unit) >= self.target:
+            self.stop.set()
+
+
+class _ServeLines(ProgressReporter):
+    """Progress without a target: one line every `interval_s` seconds, and a last one."""
+
+    def __init__(self, console: Console, interval_s: float) -> None:
+        super().__init__(1, "env_steps", console)
+        self.interval_s = interval_s
+        self._last = -float("inf")
+        self._counts: SampleCounts | None = None
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._counts is not None:
+            self._print(self._counts)
+
+    def update(self, counts: SampleCounts) -> None:
+        self._counts = counts
+        if time.perf_counter() - self._last >= self.interval_s:
+            self._print(counts)
+
+    def _print(self, counts: SampleCounts) -> None:
+        faulty = f" ({counts.faulty_episodes} faulty)" if counts.faulty_episodes else ""
+        line = (
+            f"serving: {counts.env_steps} env steps, {counts.episodes} episodes{faulty}, "
+            f"{self.env_steps_per_s(counts):,.0f} env steps/s, "
+            f"{time.perf_counter() - self.started:.1f}s elapsed"
+        )
+        self.console.file.write(line + "\n")
+        self.console.file.flush()
+        self._last = time.perf_counter()
