@@ -1,8 +1,11 @@
-"""write_batch / read_batches: round trips, file naming, and atomic writes."""
+"""write_batch / read_batches: round trips, file naming, atomic writes, files anyone can read."""
 
 from __future__ import annotations
 
+import json
 import os
+import stat
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -71,7 +74,7 @@ def test_round_trip_with_object_infos(tmp_path: Path) -> None:
     assert path == tmp_path / "out" / "batch_000001.npz"
     (loaded,) = list(read_batches(tmp_path / "out"))
     assert_same(batch, loaded)
-    assert loaded.policy_batches["archer"]["infos"][2]["tag"] == ("a", 1)
+    assert loaded.policy_batches["archer"]["infos"][2] == {"pos": [0, 1, 2], "tag": ["a", 1]}
 
 
 def test_numeric_columns_load_without_pickle(tmp_path: Path) -> None:
@@ -175,3 +178,75 @@ def test_unreadable_files_are_named(tmp_path: Path) -> None:
     path.with_name("other.npz").replace(path)
     with pytest.raises(ValueError, match="not a readable"):
         read_batch(path)
+
+
+def test_plain_numpy_reads_real_column_names(tmp_path: Path) -> None:
+    """Regression (issue 8, redesign 9): entries were c0, c1 ... and infos were pickled."""
+    batch = make_batch()
+    path = write_batch(batch, tmp_path, 1)
+    with np.load(path, allow_pickle=False) as data:
+        np.testing.assert_array_equal(data["archer/obs"], batch.policy_batches["archer"]["obs"])
+        np.testing.assert_array_equal(data["archer/names"], ["a", "bb", "ccc"])
+        np.testing.assert_array_equal(data["knight/actions/move"], [1, 2])
+        assert [json.loads(text) for text in data["archer/infos"]] == [
+            {"hit": True},
+            {},
+            {"pos": [0, 1, 2], "tag": ["a", 1]},
+        ]
+        assert not any(name.startswith("c") and name[1:].isdigit() for name in data.files)
+
+
+def test_dict_and_tuple_obs_flatten_to_named_entries(tmp_path: Path) -> None:
+    obs = {
+        "observation": np.ones((2, 3), np.float32),
+        "action_mask": np.array([[1, 0], [0, 1]], np.int8),
+    }
+    batch = MultiAgentBatch(
+        {"p": SampleBatch(obs=obs, pair=(np.arange(2), {"x": np.zeros(2)}))}, env_steps=2
+    )
+    path = write_batch(batch, tmp_path, 1)
+    with np.load(path, allow_pickle=False) as data:
+        assert {"p/obs/observation", "p/obs/action_mask", "p/pair/0", "p/pair/1/x"} <= set(
+            data.files
+        )
+    loaded = read_batch(path).policy_batches["p"]
+    assert loaded["obs"].keys() == obs.keys()
+    np.testing.assert_array_equal(loaded["obs"]["action_mask"], obs["action_mask"])
+    assert isinstance(loaded["pair"], tuple)
+    np.testing.assert_array_equal(loaded["pair"][1]["x"], np.zeros(2))
+
+
+def test_reading_never_unpickles(tmp_path: Path) -> None:
+    """A file holding a pickled object array (e.g. the old format) is refused, not unpickled."""
+    path = batch_path(tmp_path, 1)
+    header = {
+        "format": "marl-runner-batch",
+        "version": 2,
+        "env_steps": 1,
+        "agent_steps": 1,
+        "policies": [{"id": "p", "columns": [{"name": "infos", "encoding": "array"}]}],
+    }
+    infos = np.empty(1, dtype=object)
+    infos[0] = {"evil": True}
+    np.savez(
+        path,
+        header=np.frombuffer(json.dumps(header).encode(), np.uint8),
+        **{"p/infos": infos},
+    )
+    with pytest.raises(ValueError, match="not a readable marl-runner batch"):
+        read_batch(path)
+
+
+def test_files_are_readable_by_everyone(tmp_path: Path) -> None:
+    path = write_batch(make_batch(), tmp_path, 1)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644
+    assert zipfile.is_zipfile(path)
+
+
+def test_unserialisable_info_names_the_column(tmp_path: Path) -> None:
+    infos = np.empty(1, dtype=object)
+    infos[0] = {"handle": object()}
+    batch = MultiAgentBatch({"p": SampleBatch(obs=np.zeros(1), infos=infos)}, env_steps=1)
+    with pytest.raises(TypeError, match="'p/infos' is not JSON-serialisable"):
+        write_batch(batch, tmp_path, 1)
+    assert list(tmp_path.iterdir()) == []
