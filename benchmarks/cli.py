@@ -79,6 +79,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--all", action="store_true", help="--throughput --memory --subprocess-speedup"
     )
     modes.add_argument(
+        "--external",
+        action="store_true",
+        help="serving 16 concurrent client threads (vectorize: external), in-process and over "
+        "HTTP on loopback: actions/s, get_action median/p99 latency, wire codec cost",
+    )
+    modes.add_argument(
         "--soak",
         type=float,
         default=None,
@@ -225,6 +231,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     torch.set_num_threads(args.torch_threads)
+    if args.external:
+        from benchmarks.external import external_benchmark, print_external
+
+        external = external_benchmark(
+            settings.duration_s, settings.smoke, progress=lambda msg: print(msg, file=sys.stderr)
+        )
+        print_external(Console(), external)
+        if args.output is not None:
+            args.output.parent.mkdir(parents=True, exist_ok=True)
+            args.output.write_text(json.dumps(external, indent=2) + "\n")
+        return 0
     if args.soak is not None:
         from benchmarks.soak import print_soak, run_soak
 
