@@ -13,6 +13,7 @@ from marl_runner.envs.testing.crashing_env import CrashingEnv, CrashingEnvError
 from marl_runner.envs.testing.lifecycle_envs import (
     DyingAgentsEnv,
     NoObsEnv,
+    RewardedBeforeAndAfterEnv,
     SpawningAgentsEnv,
     TimeLimitEnv,
     TurnBasedEnv,
@@ -41,6 +42,7 @@ __all__ = [
     "CrashingEnvError",
     "DictObsEnv",
     "DyingAgentsEnv",
+    "RewardedBeforeAndAfterEnv",
     "EpisodeRecord",
     "MalformedEnv",
     "MaskInfoEnv",

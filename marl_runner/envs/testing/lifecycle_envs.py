@@ -122,3 +122,31 @@ class NoObsEnv(ScriptedEnv):
 
     def __init__(self) -> None:
         super().__init__([Round(), Round(), Round(end="terminated")], ("a0",))
+
+
+class RewardedBeforeAndAfterEnv(ScriptedEnv):
+    """b is rewarded `0.5 * k` in rounds 1-6 but observes only in rounds 2-4 (6 rounds).
+
+    b's rewards of rounds 1-2 (before and with its first obs) belong to its
+    first transition, round 3's too (3.0 on the row round 3 closes); round 4
+    ends b (terminated), so the rewards of rounds 5-6 arrive after it is done
+    and join its final transition (2.0 + 2.5 + 3.0 = 7.5). a observes every
+    round and gets 1.0 per round. Rounds 2 and 3 have the same agents, which
+    is when a runner copies whole groups at once.
+    """
+
+    AGENTS = ("a", "b")
+
+    def __init__(self) -> None:
+        script = [Round(("a",))]
+        for k in range(1, 7):
+            observing = ("a", "b") if 2 <= k <= 4 else ("a",)
+            script.append(
+                Round(
+                    observing,
+                    {"a": 1.0, "b": 0.5 * k},
+                    terminated=("b",) if k == 4 else ("a",) if k == 6 else (),
+                    end="terminated" if k == 6 else None,
+                )
+            )
+        super().__init__(script, self.AGENTS)
