@@ -173,7 +173,8 @@ class ObsPreprocessorConnector(AgentConnector):
         if masks_from_infos not in (True, False, "auto"):
             raise ConnectorError(
                 f"ObsPreprocessorConnector: masks_from_infos must be true, false or 'auto', "
-                f"got {masks_from_infos!r}"
+                f"got {masks_from_infos!r}",
+                param="masks_from_infos",
             )
         self.masks_from_infos = masks_from_infos
         self._encoding: _Encoding | None = None
