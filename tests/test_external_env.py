@@ -320,3 +320,17 @@ def test_external_needs_an_external_env():
         EnvRunner(cfg)
     with pytest.raises(EnvError, match="not served yet"):
         TwoAgentExternalEnv().start_episode()
+
+
+def test_truncated_fragments_are_exact_in_env_steps():
+    cfg = external_config(threaded(num_threads=2, episodes_per_thread=3, episode_len=6),
+                          num_envs=2, batch_mode="truncate_episodes", rollout_fragment_length=4)
+    with EnvRunner(cfg) as runner:
+        env = runner.env.get_sub_environments()[0]
+        batches = step_until(runner, env.done)
+    assert batches
+    for batch in batches:
+        check_batch_invariants(batch, t_from_zero=False, rollout_fragment_length=4)
+    # 2 threads x 3 episodes x 6 steps; each of the 2 slots keeps less than a fragment back.
+    built = sum(b.env_steps() for b in batches)
+    assert 36 - 2 * 4 < built <= 36

@@ -333,7 +333,9 @@ class EpisodeBoard:
 
     def _release_slot(self, slot: int) -> None:
         del self._by_slot[slot]
-        self._free_slots.append(slot)
+        # Most recently freed first: the data concentrates on few slots, so per-slot
+        # fragments (rollout_fragment_length) fill up instead of all growing slowly.
+        self._free_slots.appendleft(slot)
         self._slot_freed.notify()
 
     def _ready_slots(self) -> list[int]:
