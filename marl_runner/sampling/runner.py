@@ -251,11 +251,13 @@ class EnvRunner:
             marks = [perf_counter()]
             polled = self._poll()
             marks.append(perf_counter())
-            rows_by_policy = self._process_observations(polled, outputs)
+            rows_by_policy, acting = self._process_observations(polled, outputs)
             marks.append(perf_counter())
             policy_outputs = self._evaluate_policies(rows_by_policy)
             marks.append(perf_counter())
-            actions = self._process_policy_outputs(rows_by_policy, policy_outputs, polled, outputs)
+            actions = self._process_policy_outputs(
+                rows_by_policy, policy_outputs, acting, polled[5], outputs
+            )
             marks.append(perf_counter())
             self._send_actions(actions)
             marks.append(perf_counter())
@@ -278,9 +280,11 @@ class EnvRunner:
 
     # ---- step 2
 
-    def _process_observations(self, polled: tuple, outputs: list) -> dict[str, AgentRows]:
+    def _process_observations(
+        self, polled: tuple, outputs: list
+    ) -> tuple[dict[str, AgentRows], list[int]]:
         """Raw env data of this round, the reset obs of sub-envs reset in it, through the
-        agent connectors: one set of rows per policy."""
+        agent connectors: one set of rows per policy; and the sub-envs that get actions."""
         obs, rewards, terminateds, truncateds, infos, _ = polled
         round_ = Round()
         episodes = self._episodes
@@ -298,7 +302,9 @@ class EnvRunner:
                         f"is not True: a failed sub-env must end its episode ({env_obs!r})"
                     )
                 outputs.append(episodes.drop(env_id, env_obs))
-                self._defer(episodes.recover, env_id, env_obs)
+                if not isinstance(env_obs.__cause__, KeyboardInterrupt):
+                    # The sub-env failed (not a Ctrl-C landing in its step): restart or raise.
+                    self._defer(episodes.recover, env_id, env_obs)
                 to_reset.add(env_id)
                 continue
             episode = episodes.episode_for(env_id)
@@ -317,11 +323,14 @@ class EnvRunner:
             to_reset.add(episode.env_id)
         for env_id in sorted(to_reset):
             self._reset_sub_env(round_, env_id, outputs)
+        awaiting = episodes.awaiting_reset
+        acting = [env_id for env_id in {**obs, **dict.fromkeys(to_reset)} if env_id not in awaiting]
         entries = self.policy_map.entries
-        return {
+        rows_by_policy = {
             pid: entries[pid].agent_pipeline(rows)
             for pid, rows in round_.to_agent_rows(self._key_table).items()
         }
+        return rows_by_policy, acting
 
     def _reset_sub_env(self, round_: Round, env_id: int, outputs: list) -> None:
         """Connectors forget the sub-env, which is reset; its reset obs join this round."""
@@ -369,14 +378,14 @@ class EnvRunner:
         self,
         rows_by_policy: dict[str, AgentRows],
         policy_outputs: PolicyOutputs,
-        polled: tuple,
+        acting: list[int],
+        off_policy_actions: dict,
         outputs: list,
     ) -> dict[int, dict]:
         """Action connectors and env-bound actions per sub-env; the round's rows go to the
         trajectories (the raw or off-policy actions), and fragments now due are built."""
-        awaiting = self._episodes.awaiting_reset
-        actions_by_env: dict[int, dict] = {env_id: {} for env_id in polled[0] if env_id not in awaiting}
-        off_policy = {env_id: logged for env_id, logged in polled[5].items() if logged}
+        actions_by_env: dict[int, dict] = {env_id: {} for env_id in acting}
+        off_policy = {env_id: logged for env_id, logged in off_policy_actions.items() if logged}
         for policy_id, rows in rows_by_policy.items():
             entry = self.policy_map.entries[policy_id]
             chunk = stored_columns(rows)

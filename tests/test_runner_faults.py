@@ -1,0 +1,113 @@
+"""The runner after an exception: usable, nothing built lost or repeated; failures bounded."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from connectors import LambdaAgentConnector
+from marl_runner import EnvRunner, MultiAgentBatch, SubEnvError, check_batch_invariants
+from marl_runner.checks import trajectory_rows
+from tests.runner_helpers import config
+
+CRASHING = "marl_runner.envs.testing:CrashingEnv"
+
+
+def assert_nothing_lost_or_repeated(batches: list[MultiAgentBatch]) -> None:
+    """Fragments are numbered as built (unroll_id): all of them, each once, each whole."""
+    unroll_ids = []
+    for batch in batches:
+        check_batch_invariants(batch, t_from_zero=False)
+        for policy_batch in batch.policy_batches.values():
+            unroll_ids.extend(np.unique(policy_batch["unroll_id"]).tolist())
+            for rows in trajectory_rows(policy_batch).values():
+                assert len(np.unique(policy_batch["t"][rows])) == len(rows)  # no row twice
+    unroll_ids = sorted(set(unroll_ids))
+    assert unroll_ids == list(range(1, len(unroll_ids) + 1)), unroll_ids
+
+
+@pytest.mark.parametrize("vectorize", ["sync", "subprocess"])
+def test_keyboard_interrupt_inside_an_env_step_leaves_the_runner_usable(
+    vectorize: str, tmp_path: Path
+) -> None:
+    cfg = config(
+        CRASHING, num_envs=1, vectorize=vectorize, rollout_fragment_length=2,
+        env_config={"crash_step": 7, "fault": "interrupt", "fault_token": str(tmp_path / "t"),
+                    "episode_len": 10},
+    )
+    with EnvRunner(cfg) as runner:
+        with pytest.raises((KeyboardInterrupt, SubEnvError)):
+            runner.sample(num_env_steps=40)  # three fragments are built before the interrupt
+        after = runner.sample(num_env_steps=40)
+        metrics = runner.get_metrics()
+    assert metrics["num_faulty_episodes"] == 1
+    assert after.env_steps() >= 40
+    assert_nothing_lost_or_repeated([after])
+
+
+def _raise_on_call(number: int) -> Any:
+    calls = []
+
+    def connector(rows: Any) -> Any:
+        calls.append(1)
+        if len(calls) == number:
+            raise RuntimeError(f"connector failure on call {number}")
+        return rows
+
+    return connector
+
+
+def test_a_connector_error_mid_sample_loses_no_built_fragment() -> None:
+    cfg = config("marl_runner.envs.testing:CheapEnv", num_envs=2, rollout_fragment_length=3,
+                 env_config={"num_agents": 2, "episode_len": 7})
+    with EnvRunner(cfg) as runner:
+        runner.policy_map.entries["shared"].agent_pipeline.append(
+            LambdaAgentConnector(runner.policy_map.entries["shared"].agent_pipeline.ctx,
+                                 _raise_on_call(11))
+        )
+        with pytest.raises(RuntimeError, match="connector failure on call 11"):
+            runner.sample(num_env_steps=60)
+        batches = [runner.sample(num_env_steps=30) for _ in range(2)]
+        metrics = runner.get_metrics()
+    assert metrics["num_faulty_episodes"] == 2  # both sub-envs were mid-step
+    assert_nothing_lost_or_repeated(batches)
+
+
+def test_every_sub_env_crashing_every_episode_ends_with_an_error_not_a_loop() -> None:
+    cfg = config(CRASHING, num_envs=2, restart_failed_sub_environments=True,
+                 max_consecutive_step_failures=3, env_config={"crash_step": 2})
+    with EnvRunner(cfg) as runner:
+        with pytest.raises(SubEnvError, match=r"(?s)3 episodes in a row failed.*planned crash"):
+            runner.sample(num_env_steps=1000)
+        metrics = runner.get_metrics()
+    assert 3 <= metrics["num_faulty_episodes"] <= 6
+    assert metrics["num_sub_env_restarts"] >= 2
+
+
+def test_resets_that_keep_failing_end_with_an_error_naming_the_sub_env() -> None:
+    cfg = config(CRASHING, num_envs=2, restart_failed_sub_environments=True,
+                 max_consecutive_reset_failures=4,
+                 env_config={"crash_step": 3, "step_crashes": 1, "reset_crashes": 1000})
+    with EnvRunner(cfg) as runner:
+        with pytest.raises(SubEnvError, match=r"(?s)sub-env \d: failed to reset 4 times in a row"):
+            runner.sample(num_env_steps=100)
+
+
+def test_an_episode_past_max_episode_steps_warns_once(caplog: pytest.LogCaptureFixture) -> None:
+    cfg = config("marl_runner.envs.testing:CheapEnv", num_envs=2, max_episode_steps=5,
+                 env_config={"num_agents": 2, "episode_len": 30})
+    with caplog.at_level(logging.WARNING), EnvRunner(cfg) as runner:
+        runner.sample(num_env_steps=80)
+    warnings = [r for r in caplog.records if "max_episode_steps=5" in r.getMessage()]
+    assert len(warnings) == 1
+
+
+def test_a_stopped_runner_says_so() -> None:
+    runner = EnvRunner(config("marl_runner.envs.testing:CheapEnv", num_envs=1))
+    runner.stop()
+    with pytest.raises(RuntimeError, match="stopped"):
+        runner.sample()
