@@ -79,6 +79,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--all", action="store_true", help="--throughput --memory --subprocess-speedup"
     )
     modes.add_argument(
+        "--scaling",
+        action="store_true",
+        help="agent steps/s on KAZ and simple_spread: sync, subprocess, vectorize ray, and "
+        "runner groups of 1, 2, 4 (needs Ray; Ray start-up reported apart)",
+    )
+    modes.add_argument(
         "--external",
         action="store_true",
         help="serving 16 concurrent client threads (vectorize: external), in-process and over "
@@ -231,6 +237,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     torch.set_num_threads(args.torch_threads)
+    if args.scaling:
+        from benchmarks.scaling import measure_scaling, print_scaling
+
+        duration = 2.0 if settings.smoke else settings.duration_s
+        scaling = measure_scaling(
+            duration_s=duration, warmup_s=min(settings.warmup_s, duration),
+            progress=lambda msg: print(msg, file=sys.stderr),
+        )
+        print_scaling(scaling, Console())
+        if args.output is not None:
+            args.output.parent.mkdir(parents=True, exist_ok=True)
+            args.output.write_text(json.dumps(scaling, indent=2) + "\n")
+        return 0
     if args.external:
         from benchmarks.external import external_benchmark, print_external
 
