@@ -164,6 +164,10 @@ def metrics_table(metrics: Mapping[str, Any]) -> Table:
 
     table.add_row("episodes", _format_int(metrics.get("episodes")))
     table.add_row("faulty episodes", _format_int(metrics.get("num_faulty_episodes")))
+    if metrics.get("num_sub_env_restarts"):
+        table.add_row("sub-env restarts", _format_int(metrics["num_sub_env_restarts"]))
+    if metrics.get("num_late_rewards"):
+        table.add_row("late rewards", _format_int(metrics["num_late_rewards"]))
     table.add_row("episode_reward_mean", _format_float(metrics.get("episode_reward_mean")))
     table.add_row("episode_len_mean", _format_float(metrics.get("episode_len_mean")))
     for policy_id, reward in sorted((metrics.get("policy_reward_mean") or {}).items()):
@@ -179,6 +183,11 @@ def metrics_table(metrics: Mapping[str, Any]) -> Table:
         table.add_section()
         for name, value in perf.items():
             table.add_row(f"perf {name}", _format_float(value))
+    faults = metrics.get("faults") or []
+    if faults:
+        table.add_section()
+        for fault in faults:  # why episodes were dropped, most recent last
+            table.add_row("fault", Text(fault))
     return table
 
 
