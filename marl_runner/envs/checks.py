@@ -16,6 +16,8 @@ from marl_runner.envs.errors import EnvError
 from marl_runner.envs.multi_agent_env import MultiAgentDict, StepResult
 
 _STEP_NAMES = ("obs", "rewards", "terminateds", "truncateds", "infos")
+_isfinite = math.isfinite
+_fsum = math.fsum  # an overflow (OverflowError) is left to the per-reward check
 
 
 def check_step_result(result: Any, env_id: int, env: Any) -> StepResult:
@@ -112,11 +114,12 @@ class EnvOutputCheck:
     ) -> None:
         """Check a step's obs, rewards and flags (the dicts are known to be dicts)."""
         flag_keys = self._flag_keys
+        agents = self._agents
         if not (
-            flag_keys.issuperset(terminateds)
-            and flag_keys.issuperset(truncateds)
-            and self._agents.issuperset(obs)
-            and self._agents.issuperset(rewards)
+            obs.keys() <= agents
+            and rewards.keys() <= agents
+            and terminateds.keys() <= flag_keys
+            and truncateds.keys() <= flag_keys
         ):
             for field, values in (
                 ("an obs", obs),
@@ -127,8 +130,8 @@ class EnvOutputCheck:
                 self._learn_agents(field, values, "step")
         if rewards:
             try:
-                total_is_finite = math.isfinite(sum(rewards.values()))
-            except TypeError:
+                total_is_finite = _isfinite(_fsum(rewards.values()))
+            except (TypeError, ValueError, OverflowError):
                 total_is_finite = False
             if not total_is_finite:
                 self._check_rewards(rewards)
@@ -137,7 +140,7 @@ class EnvOutputCheck:
 
     def reset(self, obs: MultiAgentDict) -> None:
         """Check a reset's obs."""
-        if not self._agents.issuperset(obs):
+        if not obs.keys() <= self._agents:
             self._learn_agents("an obs", obs, "reset")
         if self.check_spaces:
             self._check_obs(obs, "reset")

@@ -95,33 +95,42 @@ class SyncVectorEnv(BaseEnv):
                 bad_output = bad_output or obs
         actions = self._pending_actions
         envs = self.envs
-        while actions:
-            env_id, env_actions = next(iter(actions.items()))
-            del actions[env_id]
-            env = envs[env_id]
-            try:
-                result = env.step(env_actions)
-                obs, rewards, terminateds, truncateds, infos = check_step_result(
-                    result, env_id, env
-                )
-                self._checks[env_id].step(obs, rewards, terminateds, truncateds)
-            except EnvError as error:
-                self._fail(ready, env_id, error)
-                if not self._restart_failed:
-                    bad_output = bad_output or error
-                continue
-            except Exception as error:
-                self._fail(ready, env_id, error)
-                continue
-            except BaseException as interruption:
-                self._fail(ready, env_id, _interrupted(env_id, "step", interruption))
-                raise
-            ready[0][env_id] = obs
-            ready[1][env_id] = rewards
-            ready[2][env_id] = terminateds
-            ready[3][env_id] = truncateds
-            ready[4][env_id] = infos
-            ready[5][env_id] = {}
+        checks = self._checks
+        stepped = 0  # actions[:stepped] are done with, should the loop be cut short
+        try:
+            for env_id, env_actions in actions.items():
+                env = envs[env_id]
+                try:
+                    obs, rewards, terminateds, truncateds, infos = check_step_result(
+                        env.step(env_actions), env_id, env
+                    )
+                    checks[env_id].step(obs, rewards, terminateds, truncateds)
+                except EnvError as error:
+                    stepped += 1
+                    self._fail(ready, env_id, error)
+                    if not self._restart_failed:
+                        bad_output = bad_output or error
+                    continue
+                except Exception as error:
+                    stepped += 1
+                    self._fail(ready, env_id, error)
+                    continue
+                except BaseException as interruption:
+                    stepped += 1
+                    self._fail(ready, env_id, _interrupted(env_id, "step", interruption))
+                    raise
+                stepped += 1
+                ready[0][env_id] = obs
+                ready[1][env_id] = rewards
+                ready[2][env_id] = terminateds
+                ready[3][env_id] = truncateds
+                ready[4][env_id] = infos
+                ready[5][env_id] = {}
+        except BaseException:
+            for env_id in list(actions)[:stepped]:
+                del actions[env_id]
+            raise
+        actions.clear()
         if bad_output is not None:
             raise bad_output
         self._ready = ({}, {}, {}, {}, {}, {})
