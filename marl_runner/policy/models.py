@@ -17,15 +17,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from marl_runner.config import MODEL_KEYS
 from marl_runner.imports import import_object
 
 __all__ = ["LSTMModel", "MLPModel", "build_model", "is_recurrent_model"]
 
 _ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
-_MODEL_KEYS = {
-    "mlp": {"type", "hidden", "activation", "vf_share_layers"},
-    "lstm": {"type", "hidden", "activation", "lstm_cell_size"},
-}
 _CHOICES = "'mlp', 'lstm' or {class: 'pkg.mod:Cls', ...}"
 
 
@@ -114,11 +111,11 @@ def is_recurrent_model(model: nn.Module) -> bool:
 
 
 def _check_builtin(model_type: str, config: Mapping[str, Any]) -> None:
-    unknown = sorted(set(config) - _MODEL_KEYS[model_type])
+    unknown = sorted(set(config) - set(MODEL_KEYS[model_type]))
     if unknown:
         raise ValueError(
             f"unknown key(s) {unknown} in {model_type} model config; "
-            f"expected some of {sorted(_MODEL_KEYS[model_type])}"
+            f"expected some of {sorted(MODEL_KEYS[model_type])}"
         )
     activation = config.get("activation", "tanh")
     if activation not in _ACTIVATIONS:
@@ -146,7 +143,7 @@ def build_model(config: Mapping[str, Any], obs_dim: int, num_outputs: int) -> nn
             model_cls = import_object(model_cls)
         return model_cls(obs_dim, num_outputs, **config)
     model_type = config.setdefault("type", "mlp")
-    if not isinstance(model_type, str) or model_type not in _MODEL_KEYS:
+    if not isinstance(model_type, str) or model_type not in MODEL_KEYS:
         raise ValueError(f"unknown model type {model_type!r}; expected {_CHOICES}")
     _check_builtin(model_type, config)
     del config["type"]

@@ -81,7 +81,7 @@ class PolicyMap(Mapping[str, Policy]):
         entry = self.entries.get(policy_id)
         if entry is None:
             obs_space, act_space = self._spaces_of(agent_id)
-            entry = self._build(policy_id, self._specs[policy_id], obs_space, act_space)
+            entry = self._build(policy_id, self._specs[policy_id], obs_space, act_space, agent_id)
         return entry
 
     def add(
@@ -115,17 +115,21 @@ class PolicyMap(Mapping[str, Policy]):
         )
         for policy_id, spec in specs.items():
             if policy_id in spaces:
-                obs_space, act_space, _ = spaces[policy_id]
-                self._build(policy_id, spec, obs_space, act_space)
+                obs_space, act_space, agent_id = spaces[policy_id]
+                self._build(policy_id, spec, obs_space, act_space, agent_id)
             elif isinstance(spec, Policy) or (spec.get("observation_space") and spec.get("action_space")):
-                self._build(policy_id, spec, None, None)
+                self._build(policy_id, spec, None, None, None)
 
-    def _build(self, policy_id: str, spec: Any, obs_space: Any, act_space: Any) -> PolicyEntry:
+    def _build(
+        self, policy_id: str, spec: Any, obs_space: Any, act_space: Any, agent_id: Any
+    ) -> PolicyEntry:
+        """``agent_id``: one of the agents mapped to it (named in space errors), if known."""
         if isinstance(spec, Policy):
             obs_space = obs_space or spec.observation_space
             act_space = act_space or spec.action_space
         entry = build_entry(
-            policy_id, spec, obs_space, act_space, seed=self._config.seed, runner_config=self._config
+            policy_id, spec, obs_space, act_space,
+            seed=self._config.seed, runner_config=self._config, agent=agent_id,
         )
         self.entries[policy_id] = entry
         return entry
