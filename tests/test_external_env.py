@@ -225,13 +225,33 @@ def test_unknown_and_finished_episode_ids_raise_value_error():
         assert env.start_episode() != eid  # the freed slot takes the next episode at once
         with pytest.raises(ValueError, match="expected a number"):
             env.log_returns("x", {"a0": "lots"})
-        with pytest.raises(NotImplementedError, match="training_enabled=False"):
-            env.start_episode(training_enabled=False)
+
+
+def test_episodes_without_training_are_played_and_counted_but_leave_no_rows():
+    with EnvRunner(external_config({"name": PLAIN}, num_envs=2)) as runner:
+        env = runner.env.get_sub_environments()[0]
+        finished: list[bool] = []
+
+        def client(training: bool, reward: float) -> None:
+            eid = env.start_episode(training_enabled=training)
+            for _ in range(3):
+                env.get_action(eid, {"a0": np.zeros(3, np.float32)})
+                env.log_returns(eid, {"a0": reward})
+            env.end_episode(eid, {"a0": np.zeros(3, np.float32)})
+            finished.append(training)
+
+        for training, reward in ((False, 5.0), (True, 1.0)):
+            threading.Thread(target=client, args=(training, reward), daemon=True).start()
+        batches = step_until(runner, lambda: len(finished) == 2)
+        metrics = runner.get_metrics()
+    assert per_episode_totals(batches) == [3.0]  # only the training episode's rows
+    assert sum(len(b.policy_batches["p"]) for b in batches) == 3
+    assert metrics["episodes"] == 2 and metrics["episode_reward_max"] == 15.0
 
 
 def test_quiet_client_ends_faulty_and_its_slot_is_reused():
-    cfg = external_config({"name": PLAIN}, num_envs=1, external_episode_timeout_s=0.3,
-                          restart_failed_sub_environments=True)
+    # A quiet client is the episode's fault, not the env's: no restart needed, nothing raised.
+    cfg = external_config({"name": PLAIN}, num_envs=1, external_episode_timeout_s=0.3)
     with EnvRunner(cfg) as runner:
         env = runner.env.get_sub_environments()[0]
         state: dict[str, Any] = {}

@@ -39,7 +39,6 @@ def serve_config(**overrides: Any) -> RunnerConfig:
             "vectorize": "external",
             "num_envs": 8,
             "batch_mode": "complete_episodes",
-            "restart_failed_sub_environments": True,
             "policies": {"p": {"model": {"type": "mlp", "hidden": [8]}, "agent_connectors": FILTER}},
             **overrides,
         }
@@ -236,9 +235,6 @@ def test_pickle_payloads_are_refused_and_nothing_runs(tmp_path):
 def test_token_is_required_when_set_and_for_public_addresses():
     with EnvRunner(serve_config()) as runner, pytest.raises(ServerSetupError, match="shared token"):
         PolicyServer(runner, "0.0.0.0", 0)
-    config = serve_config(restart_failed_sub_environments=False)
-    with EnvRunner(config) as runner, pytest.raises(ServerSetupError, match="restart_failed"):
-        PolicyServer(runner, "127.0.0.1", 0)
     with served(token="s3cret") as handle:
         for headers in ({}, {"Authorization": "Bearer wrong"}):
             status, answer = handle.request("GET", "/v1/health", headers=headers)

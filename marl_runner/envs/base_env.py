@@ -61,6 +61,11 @@ class BaseEnv(abc.ABC):
         """Recreate a sub-env (e.g. after it crashed); reset it afterwards."""
         raise NotImplementedError(f"{type(self).__name__} cannot restart sub-envs")
 
+    def training_enabled(self, env_id: EnvID) -> bool:
+        """Whether the episode now starting on `env_id` produces training data (else it
+        is played, and counted in the metrics, but none of its rows reach a batch)."""
+        return True
+
     def try_render(self, env_id: EnvID | None = None) -> Any:
         """Render one sub-env (default: the first)."""
         return None

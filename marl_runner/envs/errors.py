@@ -18,3 +18,13 @@ class SubEnvTimeoutError(EnvError):
     It is that sub-env's failure entry in `poll` (its worker was killed), so
     that a hung simulator costs one episode, not the run.
     """
+
+
+class EpisodeFault(EnvError):
+    """One episode failed, but its sub-env is fine: drop the episode and reset the sub-env.
+
+    Unlike any other exception in place of a sub-env's obs, it is neither a
+    reason to restart the sub-env nor to raise when restarts are off, and it
+    does not count towards `max_consecutive_step_failures`: e.g. an external
+    client that went quiet.
+    """

@@ -17,7 +17,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from marl_runner.envs.errors import EnvError
+from marl_runner.envs.errors import EpisodeFault
 from marl_runner.envs.multi_agent_env import AgentID, MultiAgentDict
 
 # How many finished episode ids are remembered, to tell "finished" from "unknown".
@@ -28,7 +28,7 @@ class ExternalEnvStopped(RuntimeError):
     """The runner serving an external env stopped; waiting and later calls raise this."""
 
 
-class ExternalEpisodeTimeout(EnvError):
+class ExternalEpisodeTimeout(EpisodeFault):
     """An external episode's client was quiet longer than `external_episode_timeout_s`."""
 
 
@@ -61,6 +61,7 @@ class _Episode:
     episode_id: Any
     slot: int
     last_call: float
+    training_enabled: bool
     steps: deque[Step] = field(default_factory=deque)
     rewards: dict[AgentID, float] = field(default_factory=dict)
     infos: dict[AgentID, dict] = field(default_factory=dict)
@@ -104,12 +105,6 @@ class EpisodeBoard:
     # ------------------------------------------------------------------ client side
 
     def start_episode(self, episode_id: Any = None, training_enabled: bool = True) -> Any:
-        if not training_enabled:
-            raise NotImplementedError(
-                f"start_episode({episode_id!r}, training_enabled=False): episodes kept out of "
-                "training are not supported yet (the runner has no way to drop one sub-env's "
-                "rows); run evaluation episodes against a runner whose batches you discard"
-            )
         with self._lock:
             self._raise_if_stopped("start_episode")
             if episode_id is None:
@@ -131,7 +126,7 @@ class EpisodeBoard:
             if episode_id in self._episodes:  # started by another thread while we waited
                 raise ValueError(f"start_episode: episode {episode_id!r} is already running")
             slot = self._free_slots.popleft()
-            episode = _Episode(episode_id, slot, time.monotonic())
+            episode = _Episode(episode_id, slot, time.monotonic(), training_enabled)
             self._episodes[episode_id] = episode
             self._by_slot[slot] = episode
             return episode_id
@@ -244,6 +239,12 @@ class EpisodeBoard:
                     "ended as faulty"
                 )
             return steps, failures
+
+    def training_enabled(self, slot: int) -> bool:
+        """Whether the episode holding `slot` asked for its data to be trained on."""
+        with self._lock:
+            episode = self._by_slot.get(slot)
+            return episode is None or episode.training_enabled
 
     def give_actions(self, slot: int, actions: MultiAgentDict) -> None:
         """The runner's actions for the step of `slot` it was handed last."""

@@ -101,6 +101,9 @@ class ExternalVectorEnv(BaseEnv):
         self.board.free_slot(env_id)
         return None
 
+    def training_enabled(self, env_id: EnvID) -> bool:
+        return self.board.training_enabled(env_id)
+
     def try_restart(self, env_id: EnvID) -> None:
         """Nothing to recreate: the next episode on the slot starts afresh."""
 

@@ -56,6 +56,8 @@ class MultiAgentEpisode:
         self.media: dict[str, Any] = {}
         self.faulty = False
         self.started = False
+        # False: played and counted in the metrics, but no row of it reaches a batch.
+        self.training_enabled = True
         self.start_time = time.perf_counter()
         self.slots: dict[Any, AgentSlot] = {}
         self.layout: EpisodeLayout | None = None

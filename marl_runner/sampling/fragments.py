@@ -83,6 +83,12 @@ class FragmentBuilder:
         self._env_steps[env_id] -= self._episode_steps[env_id]
         self._episode_steps[env_id] = 0
 
+    def forget(self, episode: MultiAgentEpisode) -> None:
+        """An episode kept out of training ended: its trajectory keys (it stored no rows) go."""
+        keys = self._live_keys(episode)
+        if keys:
+            self._keys.release(np.asarray(keys, np.int64))
+
     def drop_env(self, env_id: int) -> None:
         """Forgets every unbuilt row and step of one sub-env (after an interrupted step)."""
         owner = self._keys.episode

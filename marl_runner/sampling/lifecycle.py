@@ -74,6 +74,8 @@ class EpisodeLifecycle:
         self._rng = random.Random(config.seed)
         self.active: dict[int, MultiAgentEpisode] = {}
         self.awaiting_reset: set[int] = set()
+        # Sub-envs whose running episode is kept out of training.
+        self.untrained_env_ids: set[int] = set()
         self._reset_failures: dict[int, int] = {}
         self._episode_failures: dict[int, int] = {}
 
@@ -115,7 +117,11 @@ class EpisodeLifecycle:
         self._episode_failures.pop(episode.env_id, None)
         if "on_episode_end" in self._hooks:
             self._callbacks.on_episode_end(**self._hook_kwargs(episode))
-        self._fragments.episode_ended(episode)
+        if episode.training_enabled:
+            self._fragments.episode_ended(episode)
+        else:
+            self.untrained_env_ids.discard(episode.env_id)
+            self._fragments.forget(episode)
         return self._record(episode)
 
     def drop(self, env_id: int, error: BaseException) -> RolloutMetrics:
@@ -123,6 +129,7 @@ class EpisodeLifecycle:
         logger.warning("sub-env %d failed; dropping its episode: %r", env_id, error)
         episode = self.active.pop(env_id, None) or self._new_episode(env_id)
         episode.faulty = True
+        self.untrained_env_ids.discard(env_id)
         self._fragments.episode_dropped(episode)
         self._metrics.add_fault(env_id, error)
         if "on_episode_end" in self._hooks:
@@ -186,6 +193,9 @@ class EpisodeLifecycle:
 
     def _start(self, episode: MultiAgentEpisode) -> None:
         episode.started = True
+        if not self._env.training_enabled(episode.env_id):
+            episode.training_enabled = False
+            self.untrained_env_ids.add(episode.env_id)
         if "on_episode_start" in self._hooks:
             self._callbacks.on_episode_start(**self._hook_kwargs(episode))
 

@@ -24,6 +24,7 @@ from marl_runner.callbacks import Callbacks, overridden_hooks
 from marl_runner.checkpoint import restore_checkpoint, save_checkpoint
 from marl_runner.config import RunnerConfig
 from marl_runner.envs import BaseEnv, make_vector_env
+from marl_runner.envs.errors import EpisodeFault
 from marl_runner.imports import import_object
 from marl_runner.metrics import PHASES, MetricsCollector, PerfStats
 from marl_runner.policy import Policy
@@ -41,6 +42,12 @@ from marl_runner.sampling.round import Round, RoundCollector
 from marl_runner.sampling.trajectories import KeyTable
 
 PolicyOutputs = dict[str, tuple[np.ndarray, AgentRows, tuple]]
+
+
+def _episode_fault(error: BaseException) -> bool:
+    """The episode failed but not its sub-env: a client that went quiet (EpisodeFault),
+    or a Ctrl-C landing in the env's step. No restart, no raise, no failure counted."""
+    return isinstance(error, EpisodeFault) or isinstance(error.__cause__, KeyboardInterrupt)
 
 
 class InterruptedStepError(RuntimeError):
@@ -302,8 +309,7 @@ class EnvRunner:
                         f"is not True: a failed sub-env must end its episode ({env_obs!r})"
                     )
                 outputs.append(episodes.drop(env_id, env_obs))
-                if not isinstance(env_obs.__cause__, KeyboardInterrupt):
-                    # The sub-env failed (not a Ctrl-C landing in its step): restart or raise.
+                if not _episode_fault(env_obs):
                     self._defer(episodes.recover, env_id, env_obs)
                 to_reset.add(env_id)
                 continue
@@ -343,7 +349,8 @@ class EnvRunner:
 
     def _count_env_steps(self, stepped: list) -> None:
         env_ids = [episode.env_id for episode in stepped]
-        self._fragments.count_env_steps(env_ids)
+        untrained = self._episodes.untrained_env_ids
+        self._fragments.count_env_steps([e for e in env_ids if e not in untrained] if untrained else env_ids)
         self._num_env_steps_total += len(env_ids)
         self._metrics.num_env_steps += len(env_ids)
         self._episodes.stepped(stepped)
@@ -408,9 +415,14 @@ class EnvRunner:
                 # Stateful connectors (previous action, RNN state) see what is stored.
                 entry.agent_pipeline.on_policy_output(action_rows)
                 chunk.update(scatter(action_columns, needs_action, len(rows)))
-            closing_env_ids = rows["env_ids"][~rows["is_first"]]
-            self._fragments.add_rows(policy_id, chunk, closing_env_ids)
-            self._metrics.num_agent_steps += len(closing_env_ids)
+            closing = ~rows["is_first"]
+            self._metrics.num_agent_steps += int(closing.sum())
+            untrained = self._episodes.untrained_env_ids
+            if untrained:
+                trained = ~np.isin(rows["env_ids"], list(untrained))
+                chunk = {name: column[trained] for name, column in chunk.items()}
+                closing &= trained
+            self._fragments.add_rows(policy_id, chunk, rows["env_ids"][closing])
         outputs.extend(self._fragments.build_ready(self._postprocess))
         return actions_by_env
 

@@ -143,11 +143,6 @@ class PolicyServer:
                 f"PolicyServer needs a runner with `vectorize: external`, got vectorize "
                 f"{runner.config.vectorize!r}"
             )
-        if not runner.config.restart_failed_sub_environments:
-            raise ServerSetupError(
-                "PolicyServer needs `restart_failed_sub_environments: true`: otherwise one client "
-                "that goes quiet (a faulty episode) stops the runner for every client"
-            )
         if not token and not is_loopback(host):
             raise ServerSetupError(
                 f"binding {host!r} (not a loopback address) needs a shared token: pass --token "
