@@ -103,13 +103,15 @@ def assert_rewards_conserved(
     checked = 0
     for env_index, episode_ids in tracker.started.items():
         log = runner.env.get_sub_environments()[env_index].reward_log
+        # A restarted sub-env is a new env with a new log: it covers the latest episodes.
+        first_logged = len(episode_ids) - len(log)
         for position, eps_id in enumerate(episode_ids):
-            if eps_id not in tracker.agents:
+            if eps_id not in tracker.agents or position < first_logged:
                 continue
             agents = tracker.agents[eps_id]
             if not all((eps_id, index) in complete for index in agents):
                 continue
-            given = log[position]
+            given = log[position - first_logged]
             for index, agent in agents.items():
                 got = totals.get((eps_id, index), 0.0)
                 assert np.isclose(got, given.get(agent, 0.0), atol=1e-4), (
