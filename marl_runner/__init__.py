@@ -27,6 +27,9 @@ _EXPORTS = {
     "TorchPolicy": "marl_runner.policy",
     "RandomPolicy": "marl_runner.policy",
     "check_batch_invariants": "marl_runner.checks",
+    "save_checkpoint": "marl_runner.checkpoint",
+    "restore_checkpoint": "marl_runner.checkpoint",
+    "CheckpointError": "marl_runner.checkpoint",
     "BatchInvariantError": "marl_runner.checks",
 }
 

@@ -47,14 +47,12 @@ import struct
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from marl_runner.config import RunnerConfig
-
-if TYPE_CHECKING:
-    from marl_runner.sampling.runner import EnvRunner
+from marl_runner.sampling.runner import EnvRunner
 
 __all__ = [
     "FORMAT_NAME",
@@ -316,15 +314,13 @@ def restore_checkpoint(
     ``overrides`` are ``"dotted.key=value"`` config overrides applied before
     the runner is built (e.g. ``["num_envs=16"]``); ``runner_kwargs`` go to
     ``EnvRunner`` (``policies``, ``policy_mapping_fn``, ``callbacks``), for
-    what the config cannot hold. ``runner_cls`` builds a subclass instead
-    (what ``EnvRunner.restore`` passes as ``cls``).
+    what the config cannot hold. ``runner_cls`` builds a subclass instead.
 
     Raises:
         CheckpointError: unreadable or corrupt file (checksum), unknown
             format or version, or a checkpointed policy the restored runner
             does not have.
     """
-    from marl_runner.sampling.runner import EnvRunner
 
     payload = load_checkpoint(path)
     try:

@@ -9,9 +9,7 @@ agents and sub-envs. ``sample()`` steps until its target is reached.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
-from pathlib import Path
 from time import perf_counter
 from typing import Any
 
@@ -21,7 +19,6 @@ import numpy as np
 from connectors.data import ActionRows, AgentRows
 from marl_runner.batch import MultiAgentBatch, SampleBatch, concat_samples
 from marl_runner.callbacks import Callbacks, overridden_hooks
-from marl_runner.checkpoint import restore_checkpoint, save_checkpoint
 from marl_runner.config import RunnerConfig
 from marl_runner.envs import BaseEnv, make_vector_env
 from marl_runner.envs.errors import EpisodeFault
@@ -191,17 +188,6 @@ class EnvRunner:
         stacked frames, and each pipeline keeps its train/eval mode.
         """
         self.policy_map.set_state(state)
-
-    def save(self, path: str | os.PathLike[str]) -> Path:
-        """Config, weights and connector state in one file, written atomically."""
-        return save_checkpoint(self, path)
-
-    @classmethod
-    def restore(
-        cls, path: str | os.PathLike[str], *, overrides: list[str] | None = None, **runner_kwargs: Any
-    ) -> EnvRunner:
-        """A runner rebuilt from ``save()``'s file; callables and ready-made policies go in ``runner_kwargs``."""
-        return restore_checkpoint(path, overrides=overrides, runner_cls=cls, **runner_kwargs)
 
     # ------------------------------------------------------------------ sampling
 
