@@ -17,7 +17,7 @@ from marl_runner.envs.base_env import (
     put_reset,
 )
 from marl_runner.envs.checks import EnvOutputCheck, check_reset_result, check_step_result
-from marl_runner.envs.errors import EnvError
+from marl_runner.envs.errors import EnvError, EpisodeFault
 from marl_runner.envs.multi_agent_env import AgentID, MultiAgentDict, MultiAgentEnv
 
 
@@ -224,9 +224,10 @@ class SyncVectorEnv(BaseEnv):
             self._crashed.add(env_id)
 
 
-def _interrupted(env_id: EnvID, call: str, interruption: BaseException) -> EnvError:
-    """The failure entry of a sub-env whose `call` was cut short: its state is unknown."""
-    error = EnvError(
+def _interrupted(env_id: EnvID, call: str, interruption: BaseException) -> EpisodeFault:
+    """The failure entry of a sub-env whose `call` was cut short (e.g. by Ctrl-C): its
+    episode's state is unknown, but the env did nothing wrong: a reset puts it right."""
+    error = EpisodeFault(
         f"sub-env {env_id}: its {call} was interrupted by {type(interruption).__name__}; "
         "its state is unknown, so its episode is dropped"
     )

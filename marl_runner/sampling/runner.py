@@ -41,12 +41,6 @@ from marl_runner.sampling.trajectories import KeyTable
 PolicyOutputs = dict[str, tuple[np.ndarray, AgentRows, tuple]]
 
 
-def _episode_fault(error: BaseException) -> bool:
-    """The episode failed but not its sub-env: a client that went quiet (EpisodeFault),
-    or a Ctrl-C landing in the env's step. No restart, no raise, no failure counted."""
-    return isinstance(error, EpisodeFault) or isinstance(error.__cause__, KeyboardInterrupt)
-
-
 class InterruptedStepError(RuntimeError):
     """The step in which a sub-env's episode was running did not finish (the reason is its cause)."""
 
@@ -295,7 +289,8 @@ class EnvRunner:
                         f"is not True: a failed sub-env must end its episode ({env_obs!r})"
                     )
                 outputs.append(episodes.drop(env_id, env_obs))
-                if not _episode_fault(env_obs):
+                if not isinstance(env_obs, EpisodeFault):
+                    # The sub-env itself failed (not, say, a client gone quiet): restart or raise.
                     self._defer(episodes.recover, env_id, env_obs)
                 to_reset.add(env_id)
                 continue
