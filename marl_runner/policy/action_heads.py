@@ -2,8 +2,9 @@
 
 Building ``torch.distributions`` objects on every call costs more than the
 arithmetic itself at a few hundred rows, so each head computes distribution
-inputs, samples and log-probabilities directly. ``log_prob`` is
-differentiable, so a trainer can reuse it on stored ``action_dist_inputs``.
+inputs, samples and log-probabilities directly. ``log_prob`` and
+``entropy`` are differentiable, so a trainer can reuse them on stored
+``action_dist_inputs`` or on a fresh forward pass.
 """
 
 from __future__ import annotations
@@ -84,6 +85,17 @@ class ActionHead(nn.Module):
         """Log-probability ``[n]`` of ``actions`` under ``dist_inputs``."""
         raise NotImplementedError
 
+    def entropy(self, dist_inputs: torch.Tensor) -> torch.Tensor:
+        """Entropy ``[n]`` of the distribution (summed over action dimensions)."""
+        raise NotImplementedError
+
+
+def _categorical_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy over the last dim; entries of zero probability (masked) add exactly 0."""
+    log_probs = torch.log_softmax(logits, -1)
+    probs = log_probs.exp()
+    return -(probs * log_probs).masked_fill(probs == 0, 0.0).sum(-1)
+
 
 class _MaskedLogitsHead(ActionHead):
     """Heads whose distribution inputs are logits: masked entries get the lowest float."""
@@ -117,6 +129,9 @@ class CategoricalHead(_MaskedLogitsHead):
         if len(dist_inputs) < _LOG_SOFTMAX_MAX_ROWS:
             return torch.log_softmax(dist_inputs, -1).gather(-1, index).squeeze(-1)
         return dist_inputs.gather(-1, index).squeeze(-1) - dist_inputs.logsumexp(dim=-1)
+
+    def entropy(self, dist_inputs: torch.Tensor) -> torch.Tensor:
+        return _categorical_entropy(dist_inputs)
 
 
 class MultiCategoricalHead(_MaskedLogitsHead):
@@ -156,6 +171,10 @@ class MultiCategoricalHead(_MaskedLogitsHead):
         columns = actions.long().reshape(len(actions), -1) - self.start + self.offsets
         normalisers = self._padded(dist_inputs).masked_fill(~self.valid, FLOAT_MIN).logsumexp(-1)
         return (dist_inputs.gather(-1, columns) - normalisers).sum(-1)
+
+    def entropy(self, dist_inputs: torch.Tensor) -> torch.Tensor:
+        padded = self._padded(dist_inputs).masked_fill(~self.valid, FLOAT_MIN)
+        return _categorical_entropy(padded).sum(-1)
 
 
 class DiagGaussianHead(ActionHead):
@@ -202,6 +221,10 @@ class DiagGaussianHead(ActionHead):
         mean, log_std = dist_inputs.chunk(2, dim=-1)
         z = (actions.reshape(mean.shape) - mean) * torch.exp(-log_std)
         return (-0.5 * z.square() - log_std - 0.5 * _LOG_2PI).sum(-1)
+
+    def entropy(self, dist_inputs: torch.Tensor) -> torch.Tensor:
+        _, log_std = dist_inputs.chunk(2, dim=-1)
+        return (log_std + 0.5 * (1.0 + _LOG_2PI)).sum(-1)
 
 
 def make_action_head(space: gym.Space) -> ActionHead:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
@@ -55,6 +55,13 @@ class TorchPolicy(Policy):
     the masked distribution, also when not exploring), ``action_dist_inputs``
     [n, k] (masked logits, or ``[mean, log_std]`` for Box) and ``vf_preds``
     [n], all float32.
+
+    Training: :meth:`evaluate` re-runs the model on a batch with gradients
+    and returns ``(logp, entropy, values)`` of the stored actions;
+    :meth:`parameters` is what an optimiser steps. ``model`` is the torch
+    model built from the ``model`` config, ``action_head`` turns its outputs
+    into a distribution (it holds Box's ``log_std``), and ``network`` is the
+    one module holding both (for ``state_dict``, ``.to``, ``.train``).
     """
 
     def __init__(
@@ -147,6 +154,45 @@ class TorchPolicy(Policy):
         extra = {"action_logp": logp, "action_dist_inputs": dist_inputs, "vf_preds": values}
         return actions.astype(self.action_space.dtype, copy=False), state_outs, extra
 
+    def parameters(self) -> Iterator[nn.Parameter]:
+        """Every trainable tensor: the model's and the action head's (Box ``log_std``)."""
+        return self.network.parameters()
+
+    def evaluate(self, batch: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(logp, entropy, values)``, each ``[n]``, for the stored ``actions`` of ``batch``.
+
+        One forward pass with gradients (call it outside inference mode) over
+        the same inputs sampling used: ``obs``, the declared ``prev_actions`` /
+        ``prev_rewards``, the ``action_mask`` column when present (masked
+        actions get a log-prob near the lowest float and add no entropy) and,
+        for a recurrent model, the stored ``state_in_*`` columns. Every row
+        is its own sequence of length 1, which is what the runner stores
+        (``seq_lens`` all ones), so rows may be shuffled into minibatches;
+        gradients then do not flow back through time. With unchanged weights
+        ``logp`` equals the batch's ``action_logp``.
+
+        Raises:
+            ValueError: a missing column, or ``seq_lens`` other than ones.
+        """
+        if "seq_lens" in batch and np.any(np.asarray(batch["seq_lens"]) != 1):
+            raise ValueError(
+                "evaluate() takes rows with seq_lens of 1 (one step per row, as the runner "
+                f"stores them), got seq_lens {np.unique(np.asarray(batch['seq_lens'])).tolist()}"
+            )
+        model_input = self._model_input(batch)
+        actions = _required_column(batch, "actions", "evaluate() scores the stored actions")
+        mask = (
+            check_action_mask(batch["action_mask"], self.action_space, len(model_input))
+            if "action_mask" in batch
+            else None
+        )
+        model_out, values, _ = self._forward(model_input, self._state_inputs(batch))
+        mask_t = None if mask is None else torch.from_numpy(mask).to(self.device)
+        dist_inputs = self.action_head.distribution_inputs(model_out, mask_t)
+        actions_t = torch.as_tensor(np.asarray(actions), device=self.device)
+        logp = self.action_head.log_prob(dist_inputs, actions_t)
+        return logp, self.action_head.entropy(dist_inputs), values
+
     def wants_postprocessing(self) -> bool:
         return self._gae is not None
 
@@ -158,9 +204,18 @@ class TorchPolicy(Policy):
     ) -> SampleBatch:
         """Adds ``advantages`` and ``value_targets`` (GAE) when the config has ``gae``.
 
-        ``batch`` is one agent's trajectory in time order. Unless its last row
-        is terminated (episode truncated, or a fragment cut mid-episode), the
-        value of the last ``new_obs`` bootstraps the return.
+        ``batch`` is one agent's trajectory in time order; the runner calls
+        this once per trajectory when :meth:`wants_postprocessing` is true
+        (enable it with the policy config ``gae: {gamma: 0.99, lambda: 0.95}``).
+        How the return after the last row is estimated:
+
+        - last row **terminated**: the episode really ended, the future is
+          worth 0, no bootstrap;
+        - otherwise (episode **truncated** by a time limit, or a fragment cut
+          mid-episode): the value of the last row's ``new_obs`` (one forward
+          pass, with the last ``state_out_*`` for a recurrent model).
+
+        ``value_targets`` are ``advantages + vf_preds`` (lambda-returns).
         """
         if self._gae is None:
             return batch
