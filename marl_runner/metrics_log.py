@@ -1,0 +1,204 @@
+"""Run logs: metrics as JSON lines while sampling, read back, and drawn as a learning curve.
+
+A record is one reporting interval: the dict ``get_metrics()`` returned
+(counts since the previous call), plus ``time``, ``elapsed_s`` and the
+cumulative ``env_steps`` / ``agent_steps`` so far, so a curve can be drawn
+over steps without summing. Non-finite floats are written as ``null`` (JSON
+has no NaN). Plotting imports matplotlib only when called, so sampling never
+needs it.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+__all__ = [
+    "MetricsLogWriter",
+    "plot_learning_curve",
+    "read_metrics_log",
+    "read_progress_csv",
+]
+
+
+class MetricsLogWriter:
+    """Appends one JSON line per reporting interval to ``path`` (created or replaced).
+
+    ``interval_s`` paces :meth:`maybe_write`: a record at most that often
+    (0 = every call). Each line is flushed, so a crashed or interrupted run
+    keeps every record written before it.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], interval_s: float = 10.0) -> None:
+        if interval_s < 0:
+            raise ValueError(f"metrics log interval_s must be >= 0, got {interval_s}")
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.interval_s = float(interval_s)
+        self.env_steps = 0
+        self.agent_steps = 0
+        self._start = time.monotonic()
+        self._last_write = self._start
+        self._file: IO[str] | None = self.path.open("w", encoding="utf-8")
+
+    def write(self, metrics: Mapping[str, Any], **fields: Any) -> dict[str, Any]:
+        """Writes ``metrics`` (one ``get_metrics()`` result) and ``fields`` as one line.
+
+        Returns the record as written (after JSON conversion).
+        """
+        if self._file is None:
+            raise ValueError(f"metrics log {self.path} is closed")
+        self.env_steps += int(metrics.get("num_env_steps", 0))
+        self.agent_steps += int(metrics.get("num_agent_steps", 0))
+        now = time.monotonic()
+        record = _jsonable(
+            {
+                "time": time.time(),
+                "elapsed_s": now - self._start,
+                "env_steps": self.env_steps,
+                "agent_steps": self.agent_steps,
+                **metrics,
+                **fields,
+            }
+        )
+        self._file.write(json.dumps(record, allow_nan=False) + "\n")
+        self._file.flush()
+        self._last_write = now
+        return record
+
+    def maybe_write(self, get_metrics: Callable[[], Mapping[str, Any]], **fields: Any) -> bool:
+        """Writes ``get_metrics()`` if ``interval_s`` passed since the last record.
+
+        ``get_metrics`` is called only then, since a runner's ``get_metrics``
+        resets its counters. Returns whether a record was written.
+        """
+        if time.monotonic() - self._last_write < self.interval_s:
+            return False
+        self.write(get_metrics(), **fields)
+        return True
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def __enter__(self) -> MetricsLogWriter:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def _jsonable(value: Any) -> Any:
+    """Numpy scalars/arrays -> Python, non-finite floats -> None, keys -> str."""
+    if isinstance(value, Mapping):
+        return {str(key): _jsonable(item) for key, item in value.items()}
+    if isinstance(value, list | tuple | np.ndarray):
+        return [_jsonable(item) for item in value]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    return str(value)
+
+
+def read_metrics_log(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The records of a JSON-lines metrics log; a torn last line (crash mid-write) is skipped."""
+    records = []
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            if number == len(lines):
+                break
+            raise ValueError(f"{path}:{number}: not a JSON record: {err}") from None
+    return records
+
+
+def read_progress_csv(path: str | os.PathLike[str]) -> list[dict[str, float]]:
+    """Rows of a ``progress.csv`` with every cell as float (empty cells -> NaN)."""
+    with Path(path).open(newline="", encoding="utf-8") as file:
+        return [
+            {key: float(cell) if cell not in ("", None) else math.nan for key, cell in row.items()}
+            for row in csv.DictReader(file)
+        ]
+
+
+def plot_learning_curve(
+    rows: Sequence[Mapping[str, Any]],
+    path: str | os.PathLike[str],
+    *,
+    x: str = "env_steps",
+    y: str | Sequence[str] = "episode_reward_mean",
+    baselines: Mapping[str, float] | None = None,
+    title: str | None = None,
+) -> Path:
+    """Draws ``y`` (one or more columns) over ``x`` from ``rows`` into a PNG at ``path``.
+
+    ``rows`` are progress.csv rows or metrics-log records; rows missing a
+    value (or holding None/NaN, e.g. an interval without finished episodes)
+    are left out of that line. ``baselines`` adds labelled horizontal lines,
+    e.g. ``{"random policy": -110.0}``. Returns the path written.
+
+    Raises:
+        ImportError: matplotlib is not installed (``pip install matplotlib``).
+        ValueError: no row has a finite value for any ``y`` column.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")  # files only, no display needed
+        import matplotlib.pyplot as plt
+    except ImportError as err:
+        raise ImportError(
+            f"plotting a learning curve needs matplotlib ({err}); pip install matplotlib"
+        ) from err
+    columns = [y] if isinstance(y, str) else list(y)
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    drawn = 0
+    for column in columns:
+        points = [
+            (float(row[x]), float(row[column]))
+            for row in rows
+            if _is_finite(row.get(x)) and _is_finite(row.get(column))
+        ]
+        if points:
+            xs, ys = zip(*points)
+            axes.plot(xs, ys, label=column)
+            drawn += 1
+    if not drawn:
+        plt.close(figure)
+        raise ValueError(
+            f"no row has finite values for x={x!r} and y={columns}; "
+            f"the rows have columns {sorted(rows[0]) if rows else []}"
+        )
+    for label, level in (baselines or {}).items():
+        axes.axhline(level, linestyle="--", color="grey", label=f"{label} ({level:.1f})")
+    axes.set_xlabel(x)
+    axes.set_ylabel(columns[0] if len(columns) == 1 else "value")
+    axes.set_title(title or f"{', '.join(columns)} over {x}")
+    axes.grid(alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
+
+
+def _is_finite(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)

@@ -1,0 +1,90 @@
+"""Run logs: JSON-lines metrics records from a real runner, read back, and plotted."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from marl_runner import EnvRunner
+from marl_runner.metrics_log import (
+    MetricsLogWriter,
+    plot_learning_curve,
+    read_metrics_log,
+    read_progress_csv,
+)
+from tests.runner_helpers import config
+
+CHEAP = "marl_runner.envs.testing:CheapEnv"
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def test_records_from_a_runner_count_every_step(tmp_path) -> None:
+    path = tmp_path / "logs" / "metrics.jsonl"
+    env_steps = []
+    with EnvRunner(config(CHEAP, env_config={"num_agents": 3, "episode_len": 7})) as runner:
+        with MetricsLogWriter(path, interval_s=0) as log:
+            for _ in range(3):
+                env_steps.append(runner.sample().env_steps())
+                assert log.maybe_write(runner.get_metrics, iteration=len(env_steps))
+    records = read_metrics_log(path)
+    assert [r["iteration"] for r in records] == [1, 2, 3]
+    assert [r["num_env_steps"] for r in records] == env_steps
+    assert [r["env_steps"] for r in records] == np.cumsum(env_steps).tolist()
+    assert all(r["episodes"] > 0 and math.isfinite(r["episode_reward_mean"]) for r in records)
+    assert records[0]["elapsed_s"] <= records[1]["elapsed_s"] <= records[2]["elapsed_s"]
+
+
+def test_maybe_write_waits_for_the_interval_without_reading_metrics(tmp_path) -> None:
+    calls = []
+
+    def get_metrics() -> dict:
+        calls.append(1)
+        return {"num_env_steps": 5}
+
+    with MetricsLogWriter(tmp_path / "m.jsonl", interval_s=3600) as log:
+        assert not log.maybe_write(get_metrics)
+        log.write(get_metrics())
+    assert len(calls) == 1 and len(read_metrics_log(tmp_path / "m.jsonl")) == 1
+
+
+def test_non_finite_and_numpy_values_are_valid_json(tmp_path) -> None:
+    path = tmp_path / "m.jsonl"
+    with MetricsLogWriter(path) as log:
+        record = log.write(
+            {"episode_reward_mean": float("nan"), "n": np.int64(3), "per": {1: np.float32(0.5)}},
+            rewards=np.array([1.0, np.inf]),
+        )
+    line = path.read_text().strip()
+    assert json.loads(line) == record
+    assert record["episode_reward_mean"] is None and record["n"] == 3
+    assert record["per"] == {"1": 0.5} and record["rewards"] == [1.0, None]
+    with pytest.raises(ValueError, match="closed"):
+        log.write({})
+
+
+def test_a_torn_last_line_is_skipped_but_a_torn_middle_line_is_an_error(tmp_path) -> None:
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"a": 1}\n{"a": 2}\n{"a": ')
+    assert read_metrics_log(path) == [{"a": 1}, {"a": 2}]
+    path.write_text('{"a": 1}\n{"a": \n{"a": 3}\n')
+    with pytest.raises(ValueError, match=r"m\.jsonl:2"):
+        read_metrics_log(path)
+
+
+def test_plot_from_progress_csv_skips_missing_values(tmp_path) -> None:
+    csv_path = tmp_path / "progress.csv"
+    csv_path.write_text("env_steps,episode_reward_mean\n10,\n20,-5.5\n30,-4.0\n")
+    rows = read_progress_csv(csv_path)
+    assert math.isnan(rows[0]["episode_reward_mean"]) and rows[2]["env_steps"] == 30.0
+    png = plot_learning_curve(rows, tmp_path / "img" / "curve.png", baselines={"random": -6.0})
+    assert png.read_bytes().startswith(PNG_SIGNATURE) and png.stat().st_size > 1000
+
+
+def test_plot_without_any_finite_value_names_the_columns(tmp_path) -> None:
+    rows = [{"env_steps": 1, "episode_reward_mean": None}]
+    with pytest.raises(ValueError, match="episode_reward_mean"):
+        plot_learning_curve(rows, tmp_path / "curve.png")
+    assert not (tmp_path / "curve.png").exists()
