@@ -37,10 +37,10 @@ from connectors.pipeline import (
     AgentConnectorPipeline,
     ConnectorPipeline,
     ConnectorTiming,
+    build_pipeline,
 )
 from connectors.registry import (
     build_connectors,
-    build_pipeline,
     default_action_connectors,
     default_agent_connectors,
     get_connector,

@@ -1,4 +1,5 @@
-"""Chains of connectors, checked when built and timed when run."""
+"""Chains of connectors, checked when built and timed when run; `build_pipeline` makes one
+from a config spec list."""
 
 from __future__ import annotations
 
@@ -11,6 +12,15 @@ import gymnasium as gym
 from connectors.base import ActionConnector, AgentConnector, Connector, ConnectorContext
 from connectors.data import ActionConnectorDataType, ActionRows, AgentConnectorDataType, AgentRows
 from connectors.errors import ConnectorError
+from connectors.registry import (
+    Kind,
+    build_connectors,
+    default_action_connectors,
+    default_agent_connectors,
+    get_connector,
+    kind_of,
+    parse_spec,
+)
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -215,8 +225,6 @@ class ConnectorPipeline(Generic[C]):
 
     @classmethod
     def from_state(cls, ctx: ConnectorContext, state: Sequence[Any]) -> Self:
-        from connectors.registry import build_connectors
-
         return cls(ctx, build_connectors(state, ctx, kind=cls.kind))  # type: ignore[arg-type]
 
     def set_state(self, state: Sequence[Any]) -> None:
@@ -232,8 +240,6 @@ class ConnectorPipeline(Generic[C]):
         its train/eval mode and its timers stay. If building fails nothing
         changes.
         """
-        from connectors.registry import build_connectors, get_connector, parse_spec
-
         if isinstance(state, (str, Mapping)) or not isinstance(state, Sequence):
             raise ConnectorError(f"{type(self).__name__} state must be a list, got {state!r}")
         parsed = [
@@ -367,3 +373,31 @@ class ActionConnectorPipeline(ConnectorPipeline[ActionConnector]):
         if isinstance(output, ActionRows):
             return self._run(output)
         return self._run(ActionRows.of_item(output)).to_items()[0]
+
+
+def build_pipeline(
+    spec_list: Sequence[Any] | None, ctx: ConnectorContext, kind: Kind | None = None
+) -> AgentConnectorPipeline | ActionConnectorPipeline:
+    """A pipeline from a config spec list; its kind is read from the connectors in it.
+
+    ``None`` gives the default chain of ``kind`` (which must then be given),
+    ``[]`` an empty pipeline of ``kind`` (agent when not given). ``kind``, when
+    given, is checked against every item.
+    """
+    if kind is not None and kind not in ("agent", "action"):
+        raise ConnectorError(f"kind must be 'agent' or 'action', got {kind!r}")
+    if spec_list is None:
+        if kind is None:
+            raise ConnectorError(
+                "build_pipeline(None, ctx) means the default chain: say which one with "
+                "kind='agent' or kind='action'"
+            )
+        connectors: list[Connector] = (
+            default_agent_connectors(ctx) if kind == "agent" else default_action_connectors(ctx)
+        )
+    else:
+        connectors = build_connectors(spec_list, ctx, kind)
+        if kind is None:
+            kind = kind_of(type(connectors[0])) if connectors else "agent"
+    pipeline_cls = AgentConnectorPipeline if kind == "agent" else ActionConnectorPipeline
+    return pipeline_cls(ctx, connectors)  # type: ignore[arg-type]

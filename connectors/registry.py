@@ -1,8 +1,10 @@
-"""Connector names -> classes, and pipelines from config spec lists.
+"""Connector names -> classes, and connectors from config spec lists.
 
 Every built-in is registered under its class name. A spec list (as written
 in YAML) holds names or ``{name: ..., <param>: ...}`` mappings; a name may
 also be a ``"package.module:Class"`` import path of a user connector.
+Pipelines are built from these lists in ``connectors.pipeline``, which
+imports this module (never the other way round).
 """
 
 from __future__ import annotations
@@ -36,7 +38,6 @@ from connectors.data import ActionConnectorDataType, AgentConnectorDataType
 from connectors.errors import ConnectorError
 from connectors.imports import ImportPathError, import_object
 from connectors.params import annotation, constructor_parameters, describe_type, fits, suggest
-from connectors.pipeline import ActionConnectorPipeline, AgentConnectorPipeline
 
 Kind = Literal["agent", "action"]
 
@@ -216,34 +217,6 @@ def build_connectors(
         first = _check_kind(kind, first, position, name, type(connector))
         connectors.append(connector)
     return connectors
-
-
-def build_pipeline(
-    spec_list: Sequence[Any] | None, ctx: ConnectorContext, kind: Kind | None = None
-) -> AgentConnectorPipeline | ActionConnectorPipeline:
-    """A pipeline from a config spec list; its kind is read from the connectors in it.
-
-    ``None`` gives the default chain of ``kind`` (which must then be given),
-    ``[]`` an empty pipeline of ``kind`` (agent when not given). ``kind``, when
-    given, is checked against every item.
-    """
-    if kind is not None and kind not in _KIND_TYPES:
-        raise ConnectorError(f"kind must be 'agent' or 'action', got {kind!r}")
-    if spec_list is None:
-        if kind is None:
-            raise ConnectorError(
-                "build_pipeline(None, ctx) means the default chain: say which one with "
-                "kind='agent' or kind='action'"
-            )
-        connectors: list[Connector] = (
-            default_agent_connectors(ctx) if kind == "agent" else default_action_connectors(ctx)
-        )
-    else:
-        connectors = build_connectors(spec_list, ctx, kind)
-        if kind is None:
-            kind = kind_of(type(connectors[0])) if connectors else "agent"
-    pipeline_cls = AgentConnectorPipeline if kind == "agent" else ActionConnectorPipeline
-    return pipeline_cls(ctx, connectors)  # type: ignore[arg-type]
 
 
 def _check_list(spec_list: Any, kind: Kind | None) -> None:
