@@ -1,4 +1,8 @@
-"""The ``marl-runner`` command: ``sample``, ``validate`` and ``bench``.
+"""The ``marl-runner`` command: ``sample``, ``validate``, ``serve`` and ``bench``.
+
+``serve`` lives in ``marl_runner.serving.cli`` and is registered here; what
+the subcommands share (exit codes, ``CommandError``, config loading, ``--out``)
+is in ``marl_runner.cli_common``.
 
 Exit codes: 0 success; 1 a failure while sampling; 2 a bad command line or
 a config that does not validate (including what it names: env, import paths,
@@ -18,9 +22,21 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
 from rich.console import Console
 
+from marl_runner.cli_common import (
+    EXIT_BAD_CONFIG,
+    EXIT_FAILURE,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    CommandError,
+    check_imports,
+    describe,
+    load_config,
+    non_negative_int,
+    positive_int,
+    prepare_out_dir,
+)
 from marl_runner.config import ConfigError, RunnerConfig
 from marl_runner.display import (
     ProgressReporter,
@@ -30,25 +46,13 @@ from marl_runner.display import (
     spaces_table,
 )
 from marl_runner.imports import ImportPathError, import_object
-from marl_runner.io import list_batch_files, write_batch
+from marl_runner.io import write_batch
 from marl_runner.mapping import PolicyMappingError, make_policy_mapping_fn
 from marl_runner.serving.cli import add_serve_parser, run_serve
 
 __all__ = ["build_parser", "main"]
 
-EXIT_OK = 0
-EXIT_FAILURE = 1
-EXIT_BAD_CONFIG = 2
-EXIT_INTERRUPTED = 130
 BENCH_ENTRY_POINT = "benchmarks.cli:main"
-
-
-class CommandError(Exception):
-    """A failure that deserves a one-line message and an exit code, not a traceback."""
-
-    def __init__(self, message: str, exit_code: int = EXIT_BAD_CONFIG) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -105,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     target = sample.add_mutually_exclusive_group()
     target.add_argument(
         "--steps",
-        type=_positive_int,
+        type=positive_int,
         metavar="N",
         help="stop after at least N steps in the produced batches (env steps unless "
         "--count-steps-by agent_steps); default: one rollout fragment per sub-env, "
@@ -113,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     target.add_argument(
         "--episodes",
-        type=_positive_int,
+        type=positive_int,
         metavar="N",
         help="stop after N episodes have finished (faulty ones not counted); in "
         "truncate_episodes mode the tail of an episode not yet in a full fragment is not written",
@@ -134,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sample.add_argument(
         "--runners",
-        type=_non_negative_int,
+        type=non_negative_int,
         metavar="N",
         help="sample with N runners in Ray actors (an EnvRunnerGroup), in parallel; 0: one "
         "runner in this process; default: the config's num_runners (0)",
@@ -181,8 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run_sample(args: argparse.Namespace) -> int:
-    config = _load_config(args.config, args.overrides)
-    _check_imports(config)
+    config = load_config(args.config, args.overrides)
+    check_imports(config)
     if args.episodes is not None:
         unit, target = "episodes", args.episodes
     elif args.steps is not None:
@@ -191,7 +195,7 @@ def _run_sample(args: argparse.Namespace) -> int:
         unit, target = "env_steps", config.num_envs * config.rollout_fragment_length
     num_runners = config.num_runners if args.runners is None else args.runners
     if args.out is not None:
-        _prepare_out_dir(args.out, config)
+        prepare_out_dir(args.out, config)
 
     try:
         from marl_runner.distributed import EnvRunnerGroup, ray_session  # imports torch
@@ -216,7 +220,7 @@ def _run_sample(args: argparse.Namespace) -> int:
     except (ConfigError, ImportPathError) as exc:
         raise CommandError(str(exc)) from exc
     except Exception as exc:
-        raise CommandError(_describe(exc), EXIT_FAILURE) from exc
+        raise CommandError(describe(exc), EXIT_FAILURE) from exc
 
     console.print(metrics_table(metrics))
     if args.out is not None:
@@ -279,47 +283,13 @@ def _cpus_per_runner(num_runners: int) -> float:
     return min(1.0, cpus / num_runners)
 
 
-def _prepare_out_dir(out_dir: Path, config: RunnerConfig) -> None:
-    """Refuses a directory holding another run's batches; saves the resolved config there.
-
-    Runs before any env is built, so an unusable ``--out`` (missing parent,
-    not a directory, not writable) is a one-line error, not a traceback
-    after minutes of sampling. Writing the config is the write test: a
-    permission check alone would pass as root.
-    """
-    parent = out_dir.absolute().parent
-    if not out_dir.exists() and not parent.is_dir():
-        what = "is not a directory" if parent.exists() else "does not exist"
-        raise CommandError(f"--out {out_dir}: its parent directory {parent} {what}")
-    if out_dir.exists() and not out_dir.is_dir():
-        raise CommandError(f"--out {out_dir}: exists and is not a directory")
-    if out_dir.is_dir() and list_batch_files(out_dir):
-        raise CommandError(
-            f"--out {out_dir}: already holds batch files from an earlier run; "
-            "choose a new or empty directory"
-        )
-    try:
-        out_dir.mkdir(exist_ok=True)
-        (out_dir / "config.yaml").write_text(
-            yaml.safe_dump(config.to_dict(), sort_keys=False), encoding="utf-8"
-        )
-    except OSError as exc:
-        raise CommandError(f"--out {out_dir}: cannot write there: {_os_error_text(exc)}") from None
-
-
-def _os_error_text(exc: OSError) -> str:
-    """`strerror (path)` of an OSError, without Python's `[Errno N]` noise."""
-    text = exc.strerror or str(exc)
-    return f"{text} ({exc.filename})" if exc.filename else text
-
-
 # ----------------------------------------------------------------------------- validate
 
 
 def _run_validate(args: argparse.Namespace) -> int:
     """Builds everything ``sample`` builds except stepping, so both reject the same configs."""
-    config = _load_config(args.config, args.overrides)
-    _check_imports(config)
+    config = load_config(args.config, args.overrides)
+    check_imports(config)
     try:
         from marl_runner import EnvRunner  # imports torch
         from marl_runner.envs import make_env
@@ -328,14 +298,14 @@ def _run_validate(args: argparse.Namespace) -> int:
     try:
         make_env(config.env).close()
     except Exception as exc:
-        raise CommandError(f"env: cannot build {config.env['name']!r}: {_describe(exc)}") from exc
+        raise CommandError(f"env: cannot build {config.env['name']!r}: {describe(exc)}") from exc
     mapping = _RecordingMapping(config)
     try:
         runner = EnvRunner(_validation_config(config), policy_mapping_fn=mapping)
     except (ConfigError, ImportPathError, _MappingFailed) as exc:
         raise CommandError(str(exc)) from exc
     except Exception as exc:
-        raise CommandError(f"cannot build the runner: {_describe(exc)}") from exc
+        raise CommandError(f"cannot build the runner: {describe(exc)}") from exc
     try:
         rows, unused_policies = _map_agents(runner, mapping.policy_of)
     finally:
@@ -382,7 +352,7 @@ class _RecordingMapping:
             raise
         except Exception as exc:
             raise _MappingFailed(
-                f"policy_mapping_fn failed for agent {agent_id!r}: {_describe(exc)}"
+                f"policy_mapping_fn failed for agent {agent_id!r}: {describe(exc)}"
             ) from exc
         self.policy_of[agent_id] = policy_id
         return policy_id
@@ -444,47 +414,8 @@ def _import_from_cwd() -> None:
         sys.path.insert(0, os.getcwd())
 
 
-def _load_config(path: Path, overrides: Sequence[str]) -> RunnerConfig:
-    try:
-        config = RunnerConfig.from_yaml(path)
-        return config.with_overrides(overrides) if overrides else config
-    except ConfigError as exc:
-        raise CommandError(str(exc)) from exc
-
-
-def _check_imports(config: RunnerConfig) -> None:
-    try:
-        config.check_imports()
-    except ConfigError as exc:
-        raise CommandError(str(exc)) from exc
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
 def _plural(count: int, singular: str, plural: str | None = None) -> str:
     return f"{count} {singular if count == 1 else plural or singular + 's'}"
-
-
-def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
 
 
 if __name__ == "__main__":

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 import sys
 import types
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,12 +17,12 @@ import pytest
 import yaml
 from rich.console import Console
 
+import marl_runner
 from marl_runner.batch import MultiAgentBatch, SampleBatch
 from marl_runner.cli import build_parser, main
 from marl_runner.config import RunnerConfig
 from marl_runner.display import SampleCounts, make_progress, metrics_table
 from marl_runner.io import read_batches, write_batch
-from marl_runner.metrics import RolloutMetrics
 
 REPO = Path(__file__).parent.parent
 EXAMPLES = REPO / "examples" / "configs"
@@ -61,8 +63,8 @@ def assert_one_line_error(err: str, *words: str) -> None:
 def test_every_flag_has_help() -> None:
     parser = build_parser()
     subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    assert set(subparsers.choices) == {"sample", "validate", "bench"}
-    for name in ("sample", "validate"):
+    assert set(subparsers.choices) == {"sample", "validate", "serve", "bench"}
+    for name in ("sample", "validate", "serve"):
         for action in subparsers.choices[name]._actions:
             assert action.help, f"{name} {action.option_strings or action.dest} has no help"
     for choice in subparsers._choices_actions:
@@ -75,6 +77,8 @@ def test_every_flag_has_help() -> None:
         ["sample", "c.yaml", "--steps", "0"],
         ["sample", "c.yaml", "--steps", "10", "--episodes", "2"],
         ["sample", "c.yaml", "--unknown"],
+        ["serve", "c.yaml", "--episodes", "0"],
+        ["serve", "c.yaml", "--steps", "5", "--episodes", "2"],
         ["validate"],
         [],
     ],
@@ -109,10 +113,6 @@ def fake_batch(env_steps: int) -> MultiAgentBatch:
     return MultiAgentBatch({"archer": archer}, env_steps=env_steps)
 
 
-def episode(faulty: bool = False) -> RolloutMetrics:
-    return RolloutMetrics(5, 1.0, {}, {}, {}, {}, {}, {}, episode_faulty=faulty)
-
-
 FAKE_METRICS = {
     "episodes": 2,
     "episode_reward_mean": 1.5,
@@ -127,43 +127,87 @@ FAKE_METRICS = {
 }
 
 
-class FakeRunner:
-    """Replays a script of step() outputs; records its life cycle."""
+@dataclasses.dataclass
+class FakeSample:
+    """One scripted ``sample()``: a batch of ``env_steps`` rows' worth, and the episodes
+    (good and faulty) that ended during it, reported by the next ``get_metrics()``."""
 
-    script: list[Any] = []
+    env_steps: int = 10
+    episodes: int = 0
+    faulty: int = 0
+
+    def metrics(self) -> dict[str, Any]:
+        ended = dict.fromkeys(("episode_reward_mean", "episode_len_mean"), float("nan"))
+        if self.episodes:
+            ended = {"episode_reward_mean": 1.5, "episode_len_mean": 5.0}
+        return {
+            **ended,
+            "episodes": self.episodes,
+            "num_faulty_episodes": self.faulty,
+            "policy_reward_mean": {"archer": 1.0, "knight": 0.5} if self.episodes else {},
+            "num_env_steps": self.env_steps,
+            "num_agent_steps": 2,
+            "env_steps_per_s": 1e9,  # a runner's own rate: the group recomputes it
+            "agent_steps_per_s": 1e9,
+            "perf": {"mean_inference_ms": 0.25, "mean_env_wait_ms": 0.5},
+        }
+
+
+class FakeRunner:
+    """Stands in for ``EnvRunner`` where EnvRunnerGroup builds its local runner:
+    replays a script of ``sample()`` outcomes (a FakeSample or an exception to
+    raise) and records its life cycle."""
+
+    script: list[FakeSample | BaseException] = []
     instances: list[FakeRunner] = []
 
     def __init__(self, config: RunnerConfig) -> None:
         self.config = config
         self.calls = 0
         self.stopped = False
+        self.policy_map: dict[str, Any] = {}  # no observation filters to sync
+        self._unreported: dict[str, Any] = {}
         FakeRunner.instances.append(self)
 
-    def step(self) -> list:
+    def sample(self) -> MultiAgentBatch:
+        assert not self.stopped, "sample() after stop()"
         item = self.script[self.calls % len(self.script)]
         self.calls += 1
         if isinstance(item, BaseException):
             raise item
-        return list(item)
+        self._unreported = item.metrics()
+        return fake_batch(item.env_steps)
 
     def get_metrics(self) -> dict[str, Any]:
-        return FAKE_METRICS
+        """Like EnvRunner: what happened since the last call."""
+        metrics, self._unreported = self._unreported, {}
+        return metrics
 
-    def __enter__(self) -> FakeRunner:
-        return self
+    def get_state(self) -> dict[str, Any]:
+        return {}
 
-    def __exit__(self, *exc: Any) -> None:
+    def stop(self) -> None:
         self.stopped = True
 
 
 @pytest.fixture
-def fake_runner(monkeypatch: pytest.MonkeyPatch) -> type[FakeRunner]:
-    module = types.ModuleType("marl_runner.sampling.runner")
-    module.EnvRunner = FakeRunner  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "marl_runner.sampling.runner", module)
+def fake_runner(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[FakeRunner]]:
+    """EnvRunnerGroup builds its runner as ``marl_runner.EnvRunner``: the fake goes
+    there, and monkeypatch puts the real one back after the test."""
+    monkeypatch.setattr(marl_runner, "EnvRunner", FakeRunner)
     FakeRunner.instances = []
-    FakeRunner.script = [[], [fake_batch(10)], [episode()], [fake_batch(10), episode(faulty=True)]]
-    return FakeRunner
+    FakeRunner.script = [FakeSample(), FakeSample(episodes=1), FakeSample(faulty=1)]
+    yield FakeRunner
+    assert all(runner.stopped for runner in FakeRunner.instances)
+
+
+def table_value(out: str, metric: str) -> str:
+    """The value cell of ``metric``'s row in the printed metrics table."""
+    for line in out.splitlines():
+        cells = [cell.strip() for cell in line.strip("│┃ ").split("│")]
+        if len(cells) == 2 and cells[0] == metric:
+            return cells[1]
+    raise AssertionError(f"no row {metric!r} in:\n{out}")
 
 
 def test_sample_writes_batches_and_prints_metrics(
@@ -188,17 +232,14 @@ def test_sample_writes_batches_and_prints_metrics(
     ]
     assert RunnerConfig.from_yaml(out_dir / "config.yaml") == runner.config
     out = capsys.readouterr().out
-    for text in (
-        "episode_reward_mean",
-        "1.500",
-        "policy_reward_mean[knight]",
-        "0.500",
-        "1,234",
-        "faulty episodes",
-        "perf mean_inference_ms",
-        "wrote 3 batches",
-    ):
-        assert text in out
+    # The group's metrics: the three samples' metrics merged.
+    assert table_value(out, "episodes") == "1" and table_value(out, "faulty episodes") == "1"
+    assert table_value(out, "episode_reward_mean") == "1.500"
+    assert table_value(out, "policy_reward_mean[knight]") == "0.500"
+    assert table_value(out, "env steps") == "30" and table_value(out, "agent steps") == "6"
+    assert table_value(out, "perf mean_inference_ms") == "0.250"
+    assert "1,000,000,000" not in table_value(out, "env steps/s")  # the group's own rate
+    assert "wrote 3 batches" in out
 
 
 def test_sample_default_target_is_one_fragment_per_sub_env(
@@ -215,7 +256,7 @@ def test_sample_counts_episodes_without_faulty_ones(
         main(["sample", str(write_config(tmp_path)), "--episodes", "2", "--progress-interval", "0"])
         == 0
     )
-    assert fake_runner.instances[0].calls == 7  # episodes come on calls 3 and 7
+    assert fake_runner.instances[0].calls == 5  # episodes end in samples 2 and 5, a faulty one in 3
     out = capsys.readouterr().out
     assert "sampling: 1/2 episodes (50%), 1 episodes," in out
     assert "sampling: 2/2 episodes (100%), 2 episodes (1 faulty)," in out
@@ -248,7 +289,7 @@ def test_sample_refuses_out_dir_with_batches(
 def test_sample_runtime_error_is_one_line(
     tmp_path: Path, fake_runner: type[FakeRunner], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    fake_runner.script = [[], RuntimeError("sub-env 3 exploded")]
+    fake_runner.script = [FakeSample(), RuntimeError("sub-env 3 exploded")]
     assert main(["sample", str(write_config(tmp_path))]) == 1
     assert_one_line_error(
         capsys.readouterr().err, "marl-runner sample: error: RuntimeError: sub-env 3 exploded"
@@ -259,10 +300,16 @@ def test_sample_runtime_error_is_one_line(
 def test_sample_interrupt_prints_partial_metrics(
     tmp_path: Path, fake_runner: type[FakeRunner], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    fake_runner.script = [[fake_batch(10)], KeyboardInterrupt()]
-    assert main(["sample", str(write_config(tmp_path)), "--steps", "100"]) == 130
+    fake_runner.script = [FakeSample(episodes=1), KeyboardInterrupt()]
+    out_dir = tmp_path / "out"
+    args = ["sample", str(write_config(tmp_path)), "--steps", "100", "--out", str(out_dir)]
+    assert main(args) == 130
     out = capsys.readouterr().out
-    assert "episode_reward_mean" in out and "interrupted" in out
+    assert table_value(out, "episodes") == "1"
+    assert table_value(out, "episode_reward_mean") == "1.500"
+    assert "interrupted" in out and "wrote 1 batches" in out
+    assert [b.env_steps() for b in read_batches(out_dir)] == [10]
+    assert fake_runner.instances[0].stopped
 
 
 def test_sample_bad_config_exits_2(

@@ -21,6 +21,16 @@ from typing import Any
 
 from rich.console import Console
 
+from marl_runner.cli_common import (
+    EXIT_FAILURE,
+    EXIT_OK,
+    CommandError,
+    check_imports,
+    describe,
+    load_config,
+    positive_int,
+    prepare_out_dir,
+)
 from marl_runner.display import ProgressReporter, SampleCounts, make_progress, metrics_table
 
 DEFAULT_PORT = 9900
@@ -48,9 +58,9 @@ def add_serve_parser(commands: Any, common: argparse.ArgumentParser) -> None:
     serve.add_argument("--out", type=Path, metavar="DIR",
                        help="write each batch as DIR/batch_NNNNNN.npz (atomically) plus DIR/config.yaml")
     target = serve.add_mutually_exclusive_group()
-    target.add_argument("--steps", type=int, metavar="N",
+    target.add_argument("--steps", type=positive_int, metavar="N",
                         help="stop after N env steps in the batches (default: serve until stopped)")
-    target.add_argument("--episodes", type=int, metavar="N",
+    target.add_argument("--episodes", type=positive_int, metavar="N",
                         help="stop after N episodes (default: serve until stopped)")
     serve.add_argument("--max-body-mb", type=float, default=64.0, metavar="MB",
                        help="largest request body accepted (default 64 MB; bigger: 413)")
@@ -59,13 +69,13 @@ def add_serve_parser(commands: Any, common: argparse.ArgumentParser) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from marl_runner import cli
+    """The `serve` command: serves until stopped or the target is reached; returns the exit code."""
     from marl_runner.serving.server import PolicyServer, ServerSetupError, is_loopback
 
-    config = cli._load_config(args.config, args.overrides)
-    cli._check_imports(config)
+    config = load_config(args.config, args.overrides)
+    check_imports(config)
     if config.vectorize != "external":
-        raise cli.CommandError(
+        raise CommandError(
             f"serve needs `vectorize: external` (env.name an ExternalMultiAgentEnv subclass), "
             f"got vectorize {config.vectorize!r}"
         )
@@ -75,15 +85,12 @@ def run_serve(args: argparse.Namespace) -> int:
         config = dataclasses.replace(config, restart_failed_sub_environments=True)
     token = args.token or os.environ.get(TOKEN_ENV_VAR) or None
     if not token and not is_loopback(args.host):
-        raise cli.CommandError(
+        raise CommandError(
             f"--host {args.host} is not a loopback address: give a shared token with --token "
             f"or ${TOKEN_ENV_VAR}"
         )
-    for name in ("steps", "episodes"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            raise cli.CommandError(f"--{name}: expected a positive integer")
     if args.out is not None:
-        cli._prepare_out_dir(args.out, config)
+        prepare_out_dir(args.out, config)
     from marl_runner import EnvRunner  # imports torch: only when serving
 
     counts = SampleCounts()
@@ -103,7 +110,7 @@ def run_serve(args: argparse.Namespace) -> int:
                     max_body_bytes=int(args.max_body_mb * 1024 * 1024),
                 )
             except (ServerSetupError, OSError) as exc:
-                raise cli.CommandError(f"cannot serve on {args.host}:{args.port}: {exc}") from exc
+                raise CommandError(f"cannot serve on {args.host}:{args.port}: {exc}") from exc
             server.start()
             console.print(f"serving {config.env['name']} on {server.address} "
                           f"({config.num_envs} episodes at once)", highlight=False, soft_wrap=True)
@@ -117,10 +124,10 @@ def run_serve(args: argparse.Namespace) -> int:
                 server.drain_uploads(writer)
             metrics = runner.get_metrics()
             uploaded = server.num_uploaded
-    except cli.CommandError:
+    except CommandError:
         raise
     except Exception as exc:
-        raise cli.CommandError(cli._describe(exc), cli.EXIT_FAILURE) from exc
+        raise CommandError(describe(exc), EXIT_FAILURE) from exc
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -129,7 +136,7 @@ def run_serve(args: argparse.Namespace) -> int:
         console.print(f"{uploaded} of the batches came from local-inference clients", highlight=False)
     if args.out is not None:
         console.print(f"wrote {counts.batches} batches to {args.out}", highlight=False)
-    return cli.EXIT_OK
+    return EXIT_OK
 
 
 def _target(args: argparse.Namespace) -> tuple[str, int | None]:

@@ -1,0 +1,109 @@
+"""What every ``marl-runner`` subcommand shares: exit codes, the one-line error,
+loading a config from the command line, and preparing ``--out``.
+
+``marl_runner.cli`` (the parser and ``main``) and the subcommands in other
+packages (``marl_runner.serving.cli``) import this module, never each other
+the other way round.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+
+import yaml
+
+from marl_runner.config import ConfigError, RunnerConfig
+from marl_runner.io import list_batch_files
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_BAD_CONFIG = 2
+EXIT_INTERRUPTED = 130
+
+
+class CommandError(Exception):
+    """A failure that deserves a one-line message and an exit code, not a traceback."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_BAD_CONFIG) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def load_config(path: Path, overrides: Sequence[str]) -> RunnerConfig:
+    """The config at ``path`` with the ``--set KEY=VALUE`` overrides applied."""
+    try:
+        config = RunnerConfig.from_yaml(path)
+        return config.with_overrides(overrides) if overrides else config
+    except ConfigError as exc:
+        raise CommandError(str(exc)) from exc
+
+
+def check_imports(config: RunnerConfig) -> None:
+    """Imports what the config names (env, mapping, connectors) before anything is built."""
+    try:
+        config.check_imports()
+    except ConfigError as exc:
+        raise CommandError(str(exc)) from exc
+
+
+def prepare_out_dir(out_dir: Path, config: RunnerConfig) -> None:
+    """Refuses a directory holding another run's batches; saves the resolved config there.
+
+    Runs before any env is built, so an unusable ``--out`` (missing parent,
+    not a directory, not writable) is a one-line error, not a traceback
+    after minutes of sampling. Writing the config is the write test: a
+    permission check alone would pass as root.
+    """
+    parent = out_dir.absolute().parent
+    if not out_dir.exists() and not parent.is_dir():
+        what = "is not a directory" if parent.exists() else "does not exist"
+        raise CommandError(f"--out {out_dir}: its parent directory {parent} {what}")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise CommandError(f"--out {out_dir}: exists and is not a directory")
+    if out_dir.is_dir() and list_batch_files(out_dir):
+        raise CommandError(
+            f"--out {out_dir}: already holds batch files from an earlier run; "
+            "choose a new or empty directory"
+        )
+    try:
+        out_dir.mkdir(exist_ok=True)
+        (out_dir / "config.yaml").write_text(
+            yaml.safe_dump(config.to_dict(), sort_keys=False), encoding="utf-8"
+        )
+    except OSError as exc:
+        raise CommandError(f"--out {out_dir}: cannot write there: {_os_error_text(exc)}") from None
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+def describe(exc: BaseException) -> str:
+    """``Type: message`` of an exception, for one-line errors."""
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _os_error_text(exc: OSError) -> str:
+    """`strerror (path)` of an OSError, without Python's `[Errno N]` noise."""
+    text = exc.strerror or str(exc)
+    return f"{text} ({exc.filename})" if exc.filename else text
