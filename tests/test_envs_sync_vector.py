@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -17,6 +18,7 @@ from marl_runner.envs.testing import (
     assert_same,
     play_vector_env,
 )
+from marl_runner.envs.vectorize import VECTORIZE_MODES
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::UserWarning"),
@@ -165,10 +167,10 @@ def test_make_vector_env_from_any_config_object():
     assert isinstance(vec, SyncVectorEnv) and vec.num_envs == 2
     from_dict = make_vector_env(vars(config))
     assert_same(play_vector_env(vec, 20), play_vector_env(from_dict, 20))
-    config.vectorize = "ray"
-    with pytest.raises(
-        EnvError, match=r"vectorize 'ray': expected one of \['sync', 'subprocess'\]"
-    ):
+    assert VECTORIZE_MODES == ("sync", "subprocess", "ray", "external")
+    config.vectorize = "threads"  # unknown: refused before any sub-env (or Ray) starts
+    choices = re.escape(str(list(VECTORIZE_MODES)))
+    with pytest.raises(EnvError, match=rf"vectorize 'threads': expected one of {choices}"):
         make_vector_env(config)
     with pytest.raises(EnvError, match=r"num_envs 0"):
         make_vector_env({**vars(config), "vectorize": "sync", "num_envs": 0})
