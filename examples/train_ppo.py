@@ -1,0 +1,394 @@
+"""Independent PPO on marl-runner batches: one file, read it top to bottom.
+
+Every policy of the config that is a TorchPolicy gets its own learner (a
+copy of the policy), its own Adam optimiser and its own PPO update on the
+rows of its agents; agents mapped to one policy share it (parameter
+sharing). Each iteration:
+
+1. ``runner.sample()``: one fragment per sub-env. The runner's GAE
+   post-processing (policy config ``gae: {gamma, lambda}``, set below) has
+   already added ``advantages`` and ``value_targets`` to every row.
+2. PPO update per policy: clipped surrogate, value loss, entropy bonus,
+   ``--update-epochs`` passes over shuffled minibatches, scoring the stored
+   actions with ``TorchPolicy.evaluate``.
+3. ``runner.set_weights``: the new weights go back into the sampler.
+
+Writes to ``--run-dir``: ``progress.csv`` (a row per iteration),
+``learning_curve.png``, ``summary.json`` (random vs trained mean episode
+reward) and ``checkpoints/`` (``marl_runner.save_checkpoint``).
+
+    python examples/train_ppo.py --env simple_spread --total-env-steps 250000
+    python examples/train_ppo.py --smoke   # a few seconds: checks the pipeline runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from marl_runner import (
+    EnvRunner,
+    RandomPolicy,
+    RunnerConfig,
+    SampleBatch,
+    TorchPolicy,
+    save_checkpoint,
+)
+from marl_runner.metrics_log import plot_learning_curve
+
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+STAT_KEYS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_frac", "explained_var")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    # What to train on
+    parser.add_argument(
+        "--env",
+        default="simple_spread",
+        help=f"name of a runner config in {CONFIG_DIR.name}/ (without .yaml)",
+    )
+    parser.add_argument(
+        "--config", type=Path, default=None, help="path of a runner config YAML; wins over --env"
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config override, as `marl-runner sample --set` (repeatable)",
+    )
+    parser.add_argument(
+        "--num-envs",
+        type=int,
+        default=None,
+        help="sub-envs sampled in parallel (default: the config's num_envs)",
+    )
+    parser.add_argument(
+        "--fragment-length",
+        type=int,
+        default=None,
+        help="steps per sub-env per iteration, counted as the config's count_steps_by "
+        "(default: the config's rollout_fragment_length)",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=1, help="seeds the envs, the weights and the minibatch order"
+    )
+    # How long
+    parser.add_argument(
+        "--total-env-steps",
+        type=int,
+        default=250_000,
+        help="stop once the runner has taken this many env steps",
+    )
+    parser.add_argument(
+        "--eval-episodes",
+        type=int,
+        default=100,
+        help="episodes to measure the mean episode reward of a random policy and of the trained one",
+    )
+    parser.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=20,
+        help="save a runner checkpoint every this many iterations (and at the end)",
+    )
+    parser.add_argument(
+        "--run-dir",
+        type=Path,
+        default=None,
+        help="where progress.csv, the plot and checkpoints go (default: runs/<env>-<time>)",
+    )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny step counts, to check the whole pipeline runs in a few seconds (CI)",
+    )
+    # PPO hyper-parameters (CleanRL's defaults, except where noted)
+    parser.add_argument("--lr", type=float, default=7e-4, help="Adam learning rate")
+    parser.add_argument(
+        "--anneal-lr",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="decay the learning rate linearly to 0 over --total-env-steps",
+    )
+    parser.add_argument("--gamma", type=float, default=0.99, help="discount, for the runner's GAE")
+    parser.add_argument(
+        "--gae-lambda", type=float, default=0.95, help="GAE lambda, for the runner's GAE"
+    )
+    parser.add_argument("--update-epochs", type=int, default=4, help="passes over each batch")
+    parser.add_argument("--num-minibatches", type=int, default=4, help="minibatches per pass")
+    parser.add_argument("--clip-coef", type=float, default=0.2, help="PPO ratio clipping")
+    parser.add_argument(
+        "--norm-adv",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="normalise advantages per minibatch",
+    )
+    parser.add_argument("--ent-coef", type=float, default=0.01, help="entropy bonus coefficient")
+    parser.add_argument("--vf-coef", type=float, default=0.5, help="value loss coefficient")
+    parser.add_argument(
+        "--max-grad-norm", type=float, default=0.5, help="global gradient norm clip"
+    )
+    parser.add_argument(
+        "--target-kl",
+        type=float,
+        default=None,
+        help="stop a policy's update epochs early once its approx KL exceeds this",
+    )
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.num_envs, args.fragment_length = 2, args.fragment_length or 30
+        args.total_env_steps, args.eval_episodes, args.checkpoint_every = 60, 2, 1
+    return args
+
+
+def make_config(args: argparse.Namespace) -> RunnerConfig:
+    """The runner config, with GAE switched on for every TorchPolicy so batches carry advantages."""
+    path = args.config or CONFIG_DIR / f"{args.env}.yaml"
+    overrides = list(args.overrides) + [f"seed={args.seed}"]
+    if args.num_envs is not None:
+        overrides.append(f"num_envs={args.num_envs}")
+    if args.fragment_length is not None:
+        overrides.append(f"rollout_fragment_length={args.fragment_length}")
+    data = RunnerConfig.from_yaml(path).with_overrides(overrides).to_dict()
+    for spec in data["policies"].values():
+        if spec.get("policy_class") in (None, "TorchPolicy"):
+            policy_config = spec.setdefault("config", None) or {}
+            policy_config["gae"] = {"gamma": args.gamma, "lambda": args.gae_lambda}
+            spec["config"] = policy_config
+    return RunnerConfig.from_dict(data)
+
+
+def mean_episode_reward(config: RunnerConfig, episodes: int, **runner_kwargs: Any) -> float:
+    """Mean total reward (all agents summed) over at least ``episodes`` whole fresh episodes."""
+    eval_config = config.with_overrides(
+        ["batch_mode=complete_episodes", f"seed={config.seed + 10_000}"]
+    )
+    weights = runner_kwargs.pop("weights", None)
+    with EnvRunner(eval_config, **runner_kwargs) as runner:
+        if weights is not None:
+            runner.set_weights(weights)
+        runner.sample(num_episodes=episodes)
+        return float(runner.get_metrics()["episode_reward_mean"])
+
+
+def ppo_update(
+    learner: TorchPolicy,
+    optimizer: torch.optim.Optimizer,
+    batch: SampleBatch,
+    args: argparse.Namespace,
+    rng: np.random.Generator,
+) -> dict[str, float]:
+    """Clipped-objective PPO over one policy's rows; returns the last epoch's mean stats."""
+    columns = {key: value for key, value in batch.items() if key != "infos"}  # infos: objects
+    old_logp = torch.from_numpy(batch["action_logp"])
+    advantages = torch.from_numpy(batch["advantages"])
+    value_targets = torch.from_numpy(batch["value_targets"])
+    num_rows = len(batch)
+    minibatch_size = max(1, num_rows // args.num_minibatches)
+    for _ in range(args.update_epochs):
+        epoch_stats: dict[str, list[float]] = {key: [] for key in STAT_KEYS[:-1]}
+        order = rng.permutation(num_rows)
+        for start in range(0, num_rows, minibatch_size):
+            rows = order[start : start + minibatch_size]
+            logp, entropy, values = learner.evaluate(
+                {key: value[rows] for key, value in columns.items()}
+            )
+            log_ratio = logp - old_logp[rows]
+            ratio = log_ratio.exp()
+            adv = advantages[rows]
+            if args.norm_adv and len(rows) > 1:
+                adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+            clipped_ratio = ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)
+            policy_loss = torch.max(-adv * ratio, -adv * clipped_ratio).mean()
+            value_loss = 0.5 * (values - value_targets[rows]).square().mean()
+            entropy_mean = entropy.mean()
+            loss = policy_loss - args.ent_coef * entropy_mean + args.vf_coef * value_loss
+
+            optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(list(learner.parameters()), args.max_grad_norm)
+            optimizer.step()
+
+            with torch.no_grad():  # http://joschu.net/blog/kl-approx.html
+                epoch_stats["approx_kl"].append(float(((ratio - 1) - log_ratio).mean()))
+                epoch_stats["clip_frac"].append(
+                    float(((ratio - 1).abs() > args.clip_coef).float().mean())
+                )
+            epoch_stats["policy_loss"].append(policy_loss.item())
+            epoch_stats["value_loss"].append(value_loss.item())
+            epoch_stats["entropy"].append(entropy_mean.item())
+        if args.target_kl is not None and np.mean(epoch_stats["approx_kl"]) > args.target_kl:
+            break
+    stats = {key: float(np.mean(values)) for key, values in epoch_stats.items()}
+    # How much of the return variance the value function explained before this update.
+    target_var = float(np.var(batch["value_targets"]))
+    residual_var = float(np.var(batch["value_targets"] - batch["vf_preds"]))
+    stats["explained_var"] = math.nan if target_var == 0 else 1 - residual_var / target_var
+    return stats
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    if (
+        os.getcwd() not in sys.path
+    ):  # import paths in configs ("examples.mappings:...") resolve here
+        sys.path.insert(0, os.getcwd())
+    config = make_config(args)
+    env_name = args.config.stem if args.config else args.env
+    run_dir = args.run_dir or Path("runs") / f"{env_name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(args.seed)
+    print(f"run dir: {run_dir}", flush=True)
+
+    runner = EnvRunner(config)
+    spaces = runner.get_spaces()
+    # Learners are copies of the runner's policies: training never touches the sampler's
+    # weights directly, which is how it works with remote runners too.
+    learners = {
+        policy_id: TorchPolicy(*spaces[policy_id], policy.config)
+        for policy_id, policy in runner.policy_map.items()
+        if isinstance(policy, TorchPolicy)
+    }
+    for policy_id, learner in learners.items():
+        learner.set_weights(runner.policy_map[policy_id].get_weights())
+    optimizers = {
+        pid: torch.optim.Adam(lrn.parameters(), lr=args.lr, eps=1e-5)
+        for pid, lrn in learners.items()
+    }
+
+    random_policies = {
+        pid: RandomPolicy(*space, {"seed": args.seed}) for pid, space in spaces.items()
+    }
+    random_reward = mean_episode_reward(config, args.eval_episodes, policies=random_policies)
+    print(
+        f"random policy: mean episode reward {random_reward:.2f} ({args.eval_episodes} episodes)",
+        flush=True,
+    )
+
+    fieldnames = [
+        "iteration",
+        "env_steps",
+        "agent_steps",
+        "wall_s",
+        "sps",
+        "sample_s",
+        "train_s",
+        "episodes",
+        "episode_reward_mean",
+        "episode_len_mean",
+        "lr",
+    ]
+    fieldnames += [f"{pid}/{key}" for pid in learners for key in ("reward_mean", *STAT_KEYS)]
+    progress_file = (run_dir / "progress.csv").open("w", newline="", encoding="utf-8")
+    progress = csv.DictWriter(progress_file, fieldnames=fieldnames)
+    progress.writeheader()
+    rows: list[dict[str, Any]] = []
+
+    env_steps = agent_steps = iteration = 0
+    start = time.perf_counter()
+    try:
+        while env_steps < args.total_env_steps:
+            iteration += 1
+            lr = args.lr * (1 - env_steps / args.total_env_steps) if args.anneal_lr else args.lr
+            for optimizer in optimizers.values():
+                optimizer.param_groups[0]["lr"] = lr
+
+            sample_start = time.perf_counter()
+            batch = runner.sample()
+            metrics = runner.get_metrics()
+            env_steps += batch.env_steps()
+            agent_steps += batch.agent_steps()
+
+            train_start = time.perf_counter()
+            stats = {}
+            for policy_id, learner in learners.items():
+                if policy_id in batch.policy_batches:
+                    policy_stats = ppo_update(
+                        learner, optimizers[policy_id], batch.policy_batches[policy_id], args, rng
+                    )
+                    stats.update(
+                        {f"{policy_id}/{key}": value for key, value in policy_stats.items()}
+                    )
+            runner.set_weights(
+                {policy_id: learner.get_weights() for policy_id, learner in learners.items()}
+            )
+            now = time.perf_counter()
+
+            row = {
+                "iteration": iteration,
+                "env_steps": env_steps,
+                "agent_steps": agent_steps,
+                "wall_s": round(now - start, 3),
+                "sps": round(env_steps / (now - start), 1),  # env steps/s, sampling + training
+                "sample_s": round(train_start - sample_start, 3),
+                "train_s": round(now - train_start, 3),
+                "episodes": metrics["episodes"],
+                "episode_reward_mean": metrics["episode_reward_mean"],
+                "episode_len_mean": metrics["episode_len_mean"],
+                "lr": lr,
+                **{
+                    f"{pid}/reward_mean": metrics["policy_reward_mean"].get(pid, math.nan)
+                    for pid in learners
+                },
+                **stats,
+            }
+            progress.writerow(row)
+            progress_file.flush()
+            rows.append(row)
+            print(
+                f"iter {iteration:4d}  env_steps {env_steps:8d}  SPS {row['sps']:7.0f}  "
+                f"episode_reward_mean {row['episode_reward_mean']:8.2f}",
+                flush=True,
+            )
+            if iteration % args.checkpoint_every == 0:
+                save_checkpoint(runner, run_dir / "checkpoints" / f"iter_{iteration:05d}.ckpt")
+        save_checkpoint(runner, run_dir / "checkpoints" / "final.ckpt")
+        weights = runner.get_weights()
+    finally:
+        progress_file.close()
+        runner.stop()
+    wall_s = time.perf_counter() - start
+
+    trained_reward = mean_episode_reward(config, args.eval_episodes, weights=weights)
+    print(
+        f"trained policy: mean episode reward {trained_reward:.2f} ({args.eval_episodes} episodes)"
+    )
+    plot_learning_curve(
+        rows,
+        run_dir / "learning_curve.png",
+        baselines={"random policy": random_reward, "trained, evaluated": trained_reward},
+        title=f"PPO on {env_name}: mean episode reward (all agents summed)",
+    )
+    summary = {
+        "env": env_name,
+        "env_steps": env_steps,
+        "agent_steps": agent_steps,
+        "iterations": iteration,
+        "train_wall_s": round(wall_s, 1),
+        "sps": round(env_steps / wall_s, 1),
+        "eval_episodes": args.eval_episodes,
+        "random_episode_reward_mean": random_reward,
+        "trained_episode_reward_mean": trained_reward,
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps(summary, indent=2))
+    return summary
+
+
+if __name__ == "__main__":
+    main()
