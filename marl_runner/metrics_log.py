@@ -185,8 +185,8 @@ def plot_learning_curve(
             f"no row has finite values for x={x!r} and y={columns}; "
             f"the rows have columns {sorted(rows[0]) if rows else []}"
         )
-    for label, level in (baselines or {}).items():
-        axes.axhline(level, linestyle="--", color="grey", label=f"{label} ({level:.1f})")
+    for index, (label, level) in enumerate((baselines or {}).items(), start=drawn):
+        axes.axhline(level, linestyle="--", color=f"C{index}", label=f"{label} ({level:.1f})")
     axes.set_xlabel(x)
     axes.set_ylabel(columns[0] if len(columns) == 1 else "value")
     axes.set_title(title or f"{', '.join(columns)} over {x}")
