@@ -95,10 +95,11 @@ class MultiAgentEpisode:
         """Every reward the env gave so far per (agent, policy); policy None for agents
         that never observed (so never had a policy)."""
         slots = self.slots
+        totals = self.rewards.totals
         return {
             (agent_id, slots[agent_id].policy_id if agent_id in slots else None): total
-            for agent_id, total in self.rewards.totals.items()
-        } | {(a, s.policy_id): 0.0 for a, s in slots.items() if a not in self.rewards.totals}
+            for agent_id, total in totals.items()
+        } | {(a, s.policy_id): 0.0 for a, s in slots.items() if a not in totals}
 
     @property
     def total_reward(self) -> float:

@@ -25,13 +25,14 @@ from typing import Any
 class RewardLedger:
     """The rewards of one episode, per agent."""
 
-    __slots__ = ("totals", "_held", "_final_extra", "_handed_out", "num_late_rewards")
+    __slots__ = ("totals", "held", "_final_extra", "_handed_out", "num_late_rewards")
 
     def __init__(self) -> None:
         # Everything the env gave each agent (metrics).
         self.totals: dict[Any, float] = {}
-        # Given since the agent's last row; credited with its next row.
-        self._held: dict[Any, float] = {}
+        # Given since the agent's last row; credited with its next row. While it is not
+        # empty, a round cannot take the group-wise fast path.
+        self.held: dict[Any, float] = {}
         # Given after the agent was done; joins its final transition when built.
         self._final_extra: dict[Any, float] = {}
         # Agents whose final transition is already in a batch.
@@ -44,24 +45,19 @@ class RewardLedger:
         for agent_id, reward in rewards.items():
             totals[agent_id] = totals.get(agent_id, 0.0) + reward
 
-    @property
-    def holds_rewards(self) -> bool:
-        """True while some reward waits for an agent's next row."""
-        return bool(self._held)
-
     def hold(self, agent_id: Any, reward: float) -> None:
         """A reward given while the agent had no obs this round."""
         if reward:
-            self._held[agent_id] = self._held.get(agent_id, 0.0) + reward
+            self.held[agent_id] = self.held.get(agent_id, 0.0) + reward
 
     def credit(self, agent_id: Any, reward: float) -> float:
         """The reward to put on the agent's row this round: held rewards plus ``reward``."""
-        held = self._held.pop(agent_id, None)
+        held = self.held.pop(agent_id, None)
         return reward if held is None else held + reward
 
     def forfeit(self, agent_id: Any) -> None:
         """The agent never gets a row (first seen already done): nothing to credit."""
-        self._held.pop(agent_id, None)
+        self.held.pop(agent_id, None)
 
     def give_after_done(self, agent_id: Any, reward: float) -> None:
         """A reward for an agent that is already done (already counted in ``totals``)."""

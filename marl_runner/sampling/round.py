@@ -142,13 +142,14 @@ class RoundCollector:
             layout is not None
             and layout.agent_set == env_obs.keys()
             and env_rewards.keys() <= layout.agent_set
-            and not ledger.holds_rewards
+            and not ledger.held
             and True not in env_terminateds.values()
             and True not in env_truncateds.values()
         ):
             zeros, empty = repeat(0.0), repeat(_EMPTY_INFO)
+            rows_by_policy = round_.rows
             for policy_id, agent_ids, keys in layout.groups:
-                rows = round_.rows_for(policy_id)
+                rows = rows_by_policy.get(policy_id) or round_.rows_for(policy_id)
                 rows.obs.extend(map(env_obs.__getitem__, agent_ids))
                 rows.rewards.extend(map(env_rewards.get, agent_ids, zeros))
                 rows.infos.extend(map(env_infos.get, agent_ids, empty))
