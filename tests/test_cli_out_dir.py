@@ -24,7 +24,7 @@ def run_sample(config_path: Path, out: Path, capsys, monkeypatch) -> tuple[int, 
     def no_sampling(*args, **kwargs):
         raise AssertionError("sampling started")
 
-    monkeypatch.setattr(cli, "_step_until", no_sampling, raising=False)
+    monkeypatch.setattr(cli, "_sample_until", no_sampling)
     code = main(["sample", str(config_path), "--out", str(out)])
     return code, capsys.readouterr().err
 
