@@ -226,3 +226,34 @@ def test_sample_by_agent_steps_and_no_mask_column_without_masks() -> None:
     assert batch.agent_steps() >= 100 and batch.agent_steps() % (2 * 3 * 10) == 0
     # CheapEnv gives no masks: the preprocessor decided so and adds no all-ones column.
     assert "action_mask" not in batch.policy_batches["shared"]
+
+
+def test_a_per_item_connector_sees_specs_keys_with_t_and_agent_index_from_the_runner() -> None:
+    from connectors import LambdaAgentConnector
+
+    seen = []
+
+    def record(item):
+        seen.append((item.agent_id, int(item.data["t"]), int(item.data["agent_index"]), set(item.data)))
+        return item
+
+    tracker = EpisodeTracker()
+    cfg = config(TESTING + "DyingAgentsEnv", num_envs=1, batch_mode="complete_episodes")
+    with EnvRunner(cfg, callbacks=tracker) as runner:
+        pipeline = runner.policy_map.entries["shared"].agent_pipeline
+        pipeline.append(LambdaAgentConnector(pipeline.ctx, record))
+        batch = runner.sample(num_episodes=1)
+    keys = {"t", "env_id", "agent_index", "rewards", "terminateds", "truncateds", "infos", "new_obs"}
+    assert all(item_keys == keys for *_, item_keys in seen)
+    # t counts each agent's obs from 0 in each episode (the next episode's reset obs
+    # travel in the round the first one ends); agent_index is its place in the episode.
+    runs: dict = {}
+    for agent_id, t, index, _ in seen:
+        if t == 0:
+            runs.setdefault(agent_id, []).append([])
+        runs[agent_id][-1].append(t)
+        assert index == int(agent_id[1])
+    assert all(run == list(range(len(run))) for agent_runs in runs.values() for run in agent_runs)
+    assert len(runs["a2"][0]) == 10  # a2 lives through all 9 steps: reset obs + 9
+    shared = batch.policy_batches["shared"]
+    assert set(shared["agent_index"].tolist()) == {0, 1, 2, 3}
