@@ -327,6 +327,8 @@ class EnvRunner:
         if reset is not None:
             episode, reset_obs, reset_infos = reset
             self._collector.collect(round_, episode, reset_obs, {}, {}, {}, reset_infos)
+        elif env_id not in self._episodes.awaiting_reset:
+            self._to_reset.add(env_id)  # its resets kept failing: try again next step
 
     def _count_env_steps(self, stepped: list) -> None:
         env_ids = [episode.env_id for episode in stepped]
