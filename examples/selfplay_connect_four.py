@@ -1,0 +1,417 @@
+"""Connect Four by self-play PPO: one shared policy plays both seats. Read it top to bottom.
+
+PettingZoo's connect_four gives each player the board from its own point of
+view (plane 0: the mover's discs, plane 1: the opponent's) and an
+``action_mask`` of the columns that are not full. So one network can play
+first and second: both seats map to the one policy ``shared`` of
+``examples/configs/connect_four_selfplay.yaml``, and every game teaches it
+both sides. Each iteration:
+
+1. ``runner.sample(num_env_steps=...)``: whole games (``complete_episodes``);
+   the runner's GAE has already added ``advantages`` and ``value_targets``.
+   A win is +1 for the winner and -1 for the loser; the loser's -1 is given
+   at the end of the game, after its last move, and the runner credits it to
+   that move.
+2. ``ppo_update`` from ``examples/train_ppo.py`` on all rows of both seats.
+3. ``runner.set_weights``; every ``--eval-every`` iterations a short match
+   against ``RandomPolicy`` is logged (the self-play reward itself is always
+   0: one side's win is the other's loss).
+
+At the end the trained policy plays ``--eval-games`` games against
+``RandomPolicy``, half in each seat, and the win/draw/loss rates are
+reported per seat. Every row the trained policy plays is checked: the
+chosen column must be allowed by the row's action mask.
+
+Writes to ``--run-dir``: ``progress.csv``, ``learning_curve.png`` (win rate
+against RandomPolicy over env steps), ``summary.json`` and ``final.ckpt`` (a
+runner checkpoint: ``marl_runner.restore_checkpoint``).
+
+    python examples/selfplay_connect_four.py --total-env-steps 300000
+    python examples/selfplay_connect_four.py --smoke   # a few seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run as a script: make `examples.train_ppo` importable
+    sys.path.insert(0, str(REPO))
+
+from examples.train_ppo import STAT_KEYS, make_config, ppo_update  # noqa: E402
+from marl_runner import (  # noqa: E402
+    Callbacks,
+    EnvRunner,
+    MultiAgentBatch,
+    RunnerConfig,
+    TorchPolicy,
+    save_checkpoint,
+)
+from marl_runner.metrics_log import plot_learning_curve  # noqa: E402
+
+CONFIG = REPO / "examples" / "configs" / "connect_four_selfplay.yaml"
+SEATS = ("player_0", "player_1")
+OUTCOMES = ("win", "draw", "loss")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    # What to train on
+    parser.add_argument("--config", type=Path, default=CONFIG, help="runner config YAML")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config override, as `marl-runner sample --set` (repeatable)",
+    )
+    parser.add_argument(
+        "--num-envs", type=int, default=None, help="sub-envs (default: the config's num_envs)"
+    )
+    parser.add_argument(
+        "--fragment-length",
+        type=int,
+        default=None,
+        help="the config's rollout_fragment_length (games are whole anyway: complete_episodes)",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=1, help="seeds the envs, the weights and the minibatch order"
+    )
+    # How long
+    parser.add_argument(
+        "--total-env-steps", type=int, default=300_000, help="stop after this many moves"
+    )
+    parser.add_argument(
+        "--steps-per-iteration",
+        type=int,
+        default=4096,
+        help="moves sampled per PPO update (whole games, so a few more)",
+    )
+    parser.add_argument(
+        "--eval-every",
+        type=int,
+        default=5,
+        help="play a short match against RandomPolicy every this many iterations (0: never)",
+    )
+    parser.add_argument(
+        "--eval-games-during",
+        type=int,
+        default=40,
+        help="games of each of those short matches (half in each seat)",
+    )
+    parser.add_argument(
+        "--eval-games",
+        type=int,
+        default=200,
+        help="games of the final match against RandomPolicy (half in each seat)",
+    )
+    parser.add_argument(
+        "--eval-explore",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="sample moves in the evaluation matches (default: the most likely allowed move)",
+    )
+    parser.add_argument(
+        "--run-dir",
+        type=Path,
+        default=None,
+        help="where progress.csv, the plot and summary.json go (default: runs/selfplay-<time>)",
+    )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny step counts, to check the whole pipeline runs in a few seconds (CI)",
+    )
+    # PPO hyper-parameters, read by examples.train_ppo.ppo_update
+    parser.add_argument("--lr", type=float, default=3e-4, help="Adam learning rate")
+    parser.add_argument(
+        "--anneal-lr",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="decay the learning rate linearly to 0 over --total-env-steps",
+    )
+    parser.add_argument("--gamma", type=float, default=0.99, help="discount, for the runner's GAE")
+    parser.add_argument(
+        "--gae-lambda", type=float, default=0.95, help="GAE lambda, for the runner's GAE"
+    )
+    parser.add_argument("--update-epochs", type=int, default=4, help="passes over each batch")
+    parser.add_argument("--num-minibatches", type=int, default=4, help="minibatches per pass")
+    parser.add_argument("--clip-coef", type=float, default=0.2, help="PPO ratio clipping")
+    parser.add_argument(
+        "--norm-adv",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="normalise advantages per minibatch",
+    )
+    parser.add_argument("--ent-coef", type=float, default=0.01, help="entropy bonus coefficient")
+    parser.add_argument("--vf-coef", type=float, default=0.5, help="value loss coefficient")
+    parser.add_argument(
+        "--max-grad-norm", type=float, default=0.5, help="global gradient norm clip"
+    )
+    parser.add_argument(
+        "--target-kl",
+        type=float,
+        default=None,
+        help="stop the update epochs early once the approx KL exceeds this",
+    )
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.num_envs, args.total_env_steps, args.steps_per_iteration = 4, 300, 100
+        args.eval_every, args.eval_games_during, args.eval_games = 2, 4, 8
+    for flag in ("total_env_steps", "steps_per_iteration", "eval_games_during", "eval_games"):
+        if getattr(args, flag) < 2:
+            parser.error(
+                f"--{flag.replace('_', '-')} must be at least 2, got {getattr(args, flag)}"
+            )
+    return args
+
+
+# ---------------------------------------------------------------- evaluation
+
+
+class GameResults(Callbacks):
+    """Keeps the result of the first ``quota[env]`` games of each sub-env for ``policy_id``.
+
+    A fixed number of games per sub-env, not the first N games to finish
+    overall: those would favour short games.
+    """
+
+    def __init__(self, policy_id: str, quota: list[int]) -> None:
+        self.policy_id = policy_id
+        self.quota = quota
+        self.results: list[float] = []
+        self._per_env = [0] * len(quota)
+
+    def on_episode_end(self, *, episode: Any, **kwargs: Any) -> None:
+        if episode.faulty or self._per_env[episode.env_id] >= self.quota[episode.env_id]:
+            return
+        rewards = [r for (_, pid), r in episode.agent_rewards.items() if pid == self.policy_id]
+        if len(rewards) != 1:
+            raise AssertionError(
+                f"expected {self.policy_id!r} in exactly one seat, got {episode.agent_rewards}"
+            )
+        self._per_env[episode.env_id] += 1
+        self.results.append(rewards[0])
+
+    @property
+    def done(self) -> bool:
+        return self._per_env == self.quota
+
+
+def check_masks_honoured(batch: MultiAgentBatch) -> int:
+    """Raises if any row's action is not allowed by its action mask; returns the rows checked."""
+    checked = 0
+    for policy_id, rows in batch.policy_batches.items():
+        allowed = rows["action_mask"][np.arange(len(rows)), rows["actions"]]
+        if not allowed.all():
+            bad = int(np.flatnonzero(~allowed.astype(bool))[0])
+            raise AssertionError(
+                f"policy {policy_id!r} chose column {rows['actions'][bad]} against the action "
+                f"mask {rows['action_mask'][bad].tolist()}"
+            )
+        checked += len(rows)
+    return checked
+
+
+def seat_mapping(seat: str, policy_id: str, opponent_id: str) -> Callable[..., str]:
+    """``policy_id`` plays ``seat``, ``opponent_id`` the other seat."""
+
+    def mapping(agent_id: str, episode: Any, **kwargs: Any) -> str:
+        return policy_id if agent_id == seat else opponent_id
+
+    return mapping
+
+
+def play_vs_random(
+    config: RunnerConfig, weights: dict[str, Any], games: int, seat: str, explore: bool, seed: int
+) -> dict[str, float]:
+    """``weights`` (one TorchPolicy's) in ``seat`` against RandomPolicy for ``games`` games.
+
+    Returns the win/draw/loss rates, the games played and the rows whose mask was checked.
+    """
+    data = config.to_dict()
+    (spec,) = data["policies"].values()
+    spec = {**spec, "config": {k: v for k, v in (spec.get("config") or {}).items() if k != "gae"}}
+    num_envs = min(games, data["num_envs"])
+    data.update(
+        num_envs=num_envs,
+        seed=seed,
+        explore=explore,
+        batch_mode="complete_episodes",
+        policies={"trained": spec, "random": {"policy_class": "RandomPolicy"}},
+        policy_mapping_fn=None,
+    )
+    results = GameResults(
+        "trained", [games // num_envs + (e < games % num_envs) for e in range(num_envs)]
+    )
+    mapping = seat_mapping(seat, "trained", "random")
+    rows_checked = 0
+    with EnvRunner(
+        RunnerConfig.from_dict(data), policy_mapping_fn=mapping, callbacks=results
+    ) as runner:
+        runner.set_weights({"trained": weights})
+        while not results.done:
+            for item in runner.step():
+                if isinstance(item, MultiAgentBatch):
+                    rows_checked += check_masks_honoured(item)
+    outcomes = np.sign(results.results)
+    return {
+        "win": float(np.mean(outcomes > 0)),
+        "draw": float(np.mean(outcomes == 0)),
+        "loss": float(np.mean(outcomes < 0)),
+        "games": len(outcomes),
+        "rows_checked": rows_checked,
+    }
+
+
+def match_vs_random(
+    config: RunnerConfig, weights: dict[str, Any], games: int, explore: bool, seed: int
+) -> dict[str, Any]:
+    """``games`` games against RandomPolicy, half in each seat: per-seat and overall rates."""
+    per_seat = {
+        seat: play_vs_random(config, weights, n, seat, explore, seed + i)
+        for i, (seat, n) in enumerate(zip(SEATS, (games - games // 2, games // 2)))
+    }
+    total = sum(r["games"] for r in per_seat.values())
+    overall = {o: sum(r[o] * r["games"] for r in per_seat.values()) / total for o in OUTCOMES}
+    return {**overall, "games": total, "per_seat": per_seat}
+
+
+# ---------------------------------------------------------------- training
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    config = make_config(args)
+    run_dir = args.run_dir or Path("runs") / f"selfplay-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(args.seed)
+    print(f"run dir: {run_dir}", flush=True)
+
+    runner = EnvRunner(config)
+    ((policy_id, sampler_policy),) = runner.policy_map.items()
+    if not isinstance(sampler_policy, TorchPolicy):
+        raise ValueError(
+            f"{args.config}: the one policy must be a TorchPolicy, got {sampler_policy}"
+        )
+    # The learner is a copy: training never touches the sampler's weights directly.
+    learner = TorchPolicy(*runner.get_spaces()[policy_id], sampler_policy.config)
+    learner.set_weights(sampler_policy.get_weights())
+    optimizer = torch.optim.Adam(learner.parameters(), lr=args.lr, eps=1e-5)
+
+    fieldnames = ["iteration", "env_steps", "games", "wall_s", "sps", "sample_s", "train_s"]
+    fieldnames += ["episode_len_mean", "lr", *STAT_KEYS, "vs_random_win", "vs_random_loss"]
+    progress_file = (run_dir / "progress.csv").open("w", newline="", encoding="utf-8")
+    progress = csv.DictWriter(progress_file, fieldnames=fieldnames)
+    progress.writeheader()
+    rows: list[dict[str, Any]] = []
+
+    env_steps = games = iteration = 0
+    start = time.perf_counter()
+    try:
+        while env_steps < args.total_env_steps:
+            iteration += 1
+            lr = args.lr * (1 - env_steps / args.total_env_steps) if args.anneal_lr else args.lr
+            optimizer.param_groups[0]["lr"] = lr
+
+            sample_start = time.perf_counter()
+            batch = runner.sample(num_env_steps=args.steps_per_iteration)
+            metrics = runner.get_metrics()
+            env_steps += batch.env_steps()
+            games += metrics["episodes"]
+
+            train_start = time.perf_counter()
+            stats = ppo_update(learner, optimizer, batch.policy_batches[policy_id], args, rng)
+            runner.set_weights({policy_id: learner.get_weights()})
+            now = time.perf_counter()
+
+            row = {
+                "iteration": iteration,
+                "env_steps": env_steps,
+                "games": games,
+                "wall_s": round(now - start, 3),
+                "sps": round(env_steps / (now - start), 1),  # moves/s, sampling + training
+                "sample_s": round(train_start - sample_start, 3),
+                "train_s": round(now - train_start, 3),
+                "episode_len_mean": metrics["episode_len_mean"],
+                "lr": lr,
+                **stats,
+                "vs_random_win": math.nan,
+                "vs_random_loss": math.nan,
+            }
+            if args.eval_every and iteration % args.eval_every == 0:
+                match = match_vs_random(
+                    config,
+                    learner.get_weights(),
+                    args.eval_games_during,
+                    args.eval_explore,
+                    seed=args.seed + 1000 * iteration,
+                )
+                row["vs_random_win"], row["vs_random_loss"] = match["win"], match["loss"]
+            progress.writerow(row)
+            progress_file.flush()
+            rows.append(row)
+            print(
+                f"iter {iteration:4d}  env_steps {env_steps:8d}  SPS {row['sps']:6.0f}  "
+                f"game length {row['episode_len_mean']:5.1f}  entropy {stats['entropy']:.3f}"
+                + (
+                    f"  vs random: win {row['vs_random_win']:.2f}"
+                    if not math.isnan(row["vs_random_win"])
+                    else ""
+                ),
+                flush=True,
+            )
+        save_checkpoint(runner, run_dir / "final.ckpt")
+    finally:
+        progress_file.close()
+        runner.stop()
+    train_wall_s = time.perf_counter() - start
+
+    final = match_vs_random(
+        config, learner.get_weights(), args.eval_games, args.eval_explore, seed=args.seed + 10_000
+    )
+    for seat, result in final["per_seat"].items():
+        print(
+            f"vs RandomPolicy as {seat}: win {result['win']:.3f}  draw {result['draw']:.3f}  "
+            f"loss {result['loss']:.3f}  ({result['games']} games, {result['rows_checked']} "
+            "rows, every move allowed by its mask)"
+        )
+    print(f"vs RandomPolicy overall: win {final['win']:.3f} over {final['games']} games")
+    plot_learning_curve(
+        rows,
+        run_dir / "learning_curve.png",
+        y="vs_random_win",
+        baselines={"final match": final["win"]},
+        title="Connect Four self-play PPO: win rate against RandomPolicy",
+    )
+    summary = {
+        "config": str(args.config),
+        "env_steps": env_steps,
+        "games": games,
+        "iterations": iteration,
+        "train_wall_s": round(train_wall_s, 1),
+        "sps": round(env_steps / train_wall_s, 1),
+        "eval_explore": args.eval_explore,
+        "vs_random": final,
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps(summary, indent=2))
+    return summary
+
+
+if __name__ == "__main__":
+    main()
