@@ -65,9 +65,10 @@ SEATS = ("player_0", "player_1")
 OUTCOMES = ("win", "draw", "loss")
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser(description: str, run_name: str = "selfplay") -> argparse.ArgumentParser:
+    """The flags of this example; ``examples/league_connect_four.py`` adds its own to them."""
     parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+        description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
     # What to train on
     parser.add_argument("--config", type=Path, default=CONFIG, help="runner config YAML")
@@ -129,7 +130,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--run-dir",
         type=Path,
         default=None,
-        help="where progress.csv, the plot and summary.json go (default: runs/selfplay-<time>)",
+        help=f"where progress.csv, the plot and summary.json go (default: runs/{run_name}-<time>)",
     )
     parser.add_argument(
         "--smoke",
@@ -168,6 +169,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="stop the update epochs early once the approx KL exceeds this",
     )
+    return parser
+
+
+def finish_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """Parses ``argv``; ``--smoke`` shrinks every count so that a run takes seconds."""
     args = parser.parse_args(argv)
     if args.smoke:
         args.num_envs, args.total_env_steps, args.steps_per_iteration = 4, 300, 100
@@ -178,6 +184,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                 f"--{flag.replace('_', '-')} must be at least 2, got {getattr(args, flag)}"
             )
     return args
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    return finish_args(build_parser(__doc__.split("\n\n")[0]), argv)
 
 
 # ---------------------------------------------------------------- evaluation

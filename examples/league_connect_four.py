@@ -1,0 +1,290 @@
+"""Connect Four league self-play: a learner against a pool of its own frozen past selves.
+
+Plain self-play (``examples/selfplay_connect_four.py``) always plays the
+newest policy against itself, which can chase its own tail; a league keeps
+old versions around as opponents. Read it top to bottom:
+
+- the runner starts with ONE policy, ``learner``, the only one trained;
+- every ``--snapshot-every`` iterations a frozen copy of the learner joins
+  the pool: ``runner.add_policy("snap_0003", spec)`` then
+  ``runner.set_weights({"snap_0003": learner weights})``. A snapshot's spec
+  has no GAE config, so its rows get no post-processing; they are in the
+  batch but never trained on;
+- the pool holds at most ``--pool-size`` snapshots: the oldest is removed
+  with ``runner.remove_policy``. Games it was playing go on with the newest
+  snapshot in its seat (the runner asks the mapping again for those agents);
+- ``LeagueMatchmaker``, set as the runner's mapping function, draws for each
+  game a seat for the learner and an opponent from the pool;
+- each iteration logs the learner's win/draw/loss rates against the pool
+  (``progress.csv``, ``win_rate_vs_pool.png``); the final match against
+  ``RandomPolicy`` is the same as in the self-play example.
+
+    python examples/league_connect_four.py --total-env-steps 200000
+    python examples/league_connect_four.py --smoke   # a few seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run as a script: make `examples.*` importable
+    sys.path.insert(0, str(REPO))
+
+from examples.selfplay_connect_four import (  # noqa: E402
+    OUTCOMES,
+    SEATS,
+    build_parser,
+    finish_args,
+    match_vs_random,
+)
+from examples.train_ppo import STAT_KEYS, make_config, ppo_update  # noqa: E402
+from marl_runner import Callbacks, EnvRunner, RunnerConfig, TorchPolicy  # noqa: E402
+from marl_runner.metrics_log import plot_learning_curve  # noqa: E402
+
+LEARNER = "learner"
+IterationHook = Callable[[int, EnvRunner, list[str], TorchPolicy], None]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = build_parser(__doc__.split("\n\n")[0], run_name="league")
+    parser.set_defaults(total_env_steps=200_000)
+    parser.add_argument(
+        "--snapshot-every",
+        type=int,
+        default=5,
+        help="add a frozen copy of the learner to the pool every this many iterations",
+    )
+    parser.add_argument(
+        "--pool-size",
+        type=int,
+        default=4,
+        help="most snapshots kept in the pool; adding one more removes the oldest",
+    )
+    args = finish_args(parser, argv)
+    if args.smoke:
+        args.snapshot_every, args.pool_size = 1, 2
+    if args.snapshot_every < 1 or args.pool_size < 1:
+        parser.error(
+            f"--snapshot-every and --pool-size must be at least 1, got "
+            f"{args.snapshot_every} and {args.pool_size}"
+        )
+    return args
+
+
+class LeagueMatchmaker:
+    """The mapping function: per game, a random seat for the learner and an opponent from the pool.
+
+    The draw is kept in ``episode.user_data`` so that both seats of one game
+    agree. With an empty pool the learner plays itself. When the runner asks
+    again for a game whose opponent was removed from the pool, the newest
+    snapshot takes over that seat: every such game gets the same one, as the
+    runner requires of a removal (see ``EnvRunner.remove_policy``).
+    """
+
+    def __init__(self, seed: int) -> None:
+        self.pool: list[str] = []
+        self._rng = np.random.default_rng(seed)
+
+    def __call__(self, agent_id: str, episode: Any, **kwargs: Any) -> str:
+        matchup = episode.user_data.get("league")
+        if matchup is None:
+            seat = SEATS[int(self._rng.integers(len(SEATS)))]
+            opponent = self.pool[int(self._rng.integers(len(self.pool)))] if self.pool else LEARNER
+            matchup = episode.user_data["league"] = {"learner_seat": seat, "opponent": opponent}
+        elif matchup["opponent"] not in (LEARNER, *self.pool):
+            matchup["opponent"] = self.pool[-1]
+        return LEARNER if agent_id == matchup["learner_seat"] else matchup["opponent"]
+
+
+class LeagueResults(Callbacks):
+    """The learner's result (+1, 0, -1) in each finished game against a snapshot."""
+
+    def __init__(self) -> None:
+        self.results: list[float] = []
+
+    def on_episode_end(self, *, episode: Any, **kwargs: Any) -> None:
+        matchup = episode.user_data.get("league")
+        if episode.faulty or matchup is None or matchup["opponent"] == LEARNER:
+            return
+        (learner_reward,) = (
+            reward for (_, pid), reward in episode.agent_rewards.items() if pid == LEARNER
+        )
+        self.results.append(learner_reward)
+
+    def pop_rates(self) -> dict[str, float]:
+        """Win/draw/loss rates and games since the last call (NaN rates without games)."""
+        outcomes, self.results = np.sign(self.results), []
+        if not len(outcomes):
+            return {
+                "pool_win": math.nan,
+                "pool_draw": math.nan,
+                "pool_loss": math.nan,
+                "pool_games": 0,
+            }
+        return {
+            "pool_win": float(np.mean(outcomes > 0)),
+            "pool_draw": float(np.mean(outcomes == 0)),
+            "pool_loss": float(np.mean(outcomes < 0)),
+            "pool_games": len(outcomes),
+        }
+
+
+def league_config(args: argparse.Namespace) -> RunnerConfig:
+    """The config's one policy, renamed ``learner``; GAE on (``make_config``)."""
+    data = make_config(args).to_dict()
+    if len(data["policies"]) != 1:
+        raise ValueError(f"{args.config}: expected one policy, got {sorted(data['policies'])}")
+    (spec,) = data["policies"].values()
+    data.update(policies={LEARNER: spec}, policy_mapping_fn=None)
+    return RunnerConfig.from_dict(data)
+
+
+def add_snapshot(
+    runner: EnvRunner, matchmaker: LeagueMatchmaker, learner: TorchPolicy, name: str, pool_size: int
+) -> None:
+    """Freezes the learner's weights as policy ``name``; evicts the oldest beyond ``pool_size``."""
+    learner_spec = runner.config.policies[LEARNER]
+    no_gae = {k: v for k, v in (learner_spec.get("config") or {}).items() if k != "gae"}
+    # Spaces in the spec: the snapshot is built now, before any agent maps to it, so that
+    # its weights can be set before it plays.
+    runner.add_policy(
+        name,
+        {
+            **learner_spec,
+            "config": no_gae,
+            "observation_space": runner.env.get_observation_space(SEATS[0]),
+            "action_space": runner.env.get_action_space(SEATS[0]),
+        },
+    )
+    runner.set_weights({name: learner.get_weights()})
+    matchmaker.pool.append(name)
+    while len(matchmaker.pool) > pool_size:
+        runner.remove_policy(matchmaker.pool.pop(0))
+
+
+def main(
+    argv: list[str] | None = None, on_iteration: IterationHook | None = None
+) -> dict[str, Any]:
+    """Trains; ``on_iteration(iteration, runner, pool, learner)`` runs after each iteration."""
+    args = parse_args(argv)
+    config = league_config(args)
+    run_dir = args.run_dir or Path("runs") / f"league-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(args.seed)
+    print(f"run dir: {run_dir}", flush=True)
+
+    matchmaker = LeagueMatchmaker(args.seed)
+    results = LeagueResults()
+    runner = EnvRunner(config, policy_mapping_fn=matchmaker, callbacks=results)
+    learner = TorchPolicy(*runner.get_spaces()[LEARNER], runner.policy_map[LEARNER].config)
+    learner.set_weights(runner.get_weights()[LEARNER])
+    optimizer = torch.optim.Adam(learner.parameters(), lr=args.lr, eps=1e-5)
+
+    fieldnames = ["iteration", "env_steps", "wall_s", "sps", "learner_rows", "lr"]
+    fieldnames += ["pool_win", "pool_draw", "pool_loss", "pool_games", "pool", "vs_random_win"]
+    fieldnames += STAT_KEYS
+    progress_file = (run_dir / "progress.csv").open("w", newline="", encoding="utf-8")
+    progress = csv.DictWriter(progress_file, fieldnames=fieldnames)
+    progress.writeheader()
+    rows: list[dict[str, Any]] = []
+
+    env_steps = iteration = snapshots = 0
+    start = time.perf_counter()
+    try:
+        add_snapshot(runner, matchmaker, learner, f"snap_{snapshots:04d}", args.pool_size)
+        while env_steps < args.total_env_steps:
+            iteration += 1
+            lr = args.lr * (1 - env_steps / args.total_env_steps) if args.anneal_lr else args.lr
+            optimizer.param_groups[0]["lr"] = lr
+
+            batch = runner.sample(num_env_steps=args.steps_per_iteration)
+            env_steps += batch.env_steps()
+            learner_rows = batch.policy_batches[LEARNER]  # snapshots' rows are not trained on
+            stats = ppo_update(learner, optimizer, learner_rows, args, rng)
+            runner.set_weights({LEARNER: learner.get_weights()})
+            if iteration % args.snapshot_every == 0:
+                snapshots += 1
+                add_snapshot(runner, matchmaker, learner, f"snap_{snapshots:04d}", args.pool_size)
+            now = time.perf_counter()
+
+            row = {
+                "iteration": iteration,
+                "env_steps": env_steps,
+                "wall_s": round(now - start, 3),
+                "sps": round(env_steps / (now - start), 1),  # moves/s, sampling + training
+                "learner_rows": len(learner_rows),
+                "lr": lr,
+                **results.pop_rates(),
+                "pool": " ".join(matchmaker.pool),
+                "vs_random_win": math.nan,
+                **stats,
+            }
+            if args.eval_every and iteration % args.eval_every == 0:
+                row["vs_random_win"] = match_vs_random(
+                    config,
+                    learner.get_weights(),
+                    args.eval_games_during,
+                    args.eval_explore,
+                    seed=args.seed + 1000 * iteration,
+                )["win"]
+            progress.writerow(row)
+            progress_file.flush()
+            rows.append(row)
+            print(
+                f"iter {iteration:4d}  env_steps {env_steps:8d}  SPS {row['sps']:6.0f}  "
+                f"vs pool: win {row['pool_win']:.2f} draw {row['pool_draw']:.2f} "
+                f"loss {row['pool_loss']:.2f} ({row['pool_games']} games)  pool {row['pool']}",
+                flush=True,
+            )
+            if on_iteration is not None:
+                on_iteration(iteration, runner, list(matchmaker.pool), learner)
+    finally:
+        progress_file.close()
+        runner.stop()
+    train_wall_s = time.perf_counter() - start
+
+    final = match_vs_random(
+        config, learner.get_weights(), args.eval_games, args.eval_explore, seed=args.seed + 10_000
+    )
+    for seat, result in final["per_seat"].items():
+        print(
+            f"vs RandomPolicy as {seat}: "
+            + "  ".join(f"{o} {result[o]:.3f}" for o in OUTCOMES)
+            + f"  ({result['games']} games)"
+        )
+    plot_learning_curve(
+        rows,
+        run_dir / "win_rate_vs_pool.png",
+        y=["pool_win", "pool_loss", "vs_random_win"],
+        title="Connect Four league: the learner against its pool of snapshots",
+    )
+    summary = {
+        "config": str(args.config),
+        "env_steps": env_steps,
+        "iterations": iteration,
+        "snapshots_added": snapshots + 1,
+        "pool": list(matchmaker.pool),
+        "train_wall_s": round(train_wall_s, 1),
+        "sps": round(env_steps / train_wall_s, 1),
+        "eval_explore": args.eval_explore,
+        "vs_random": final,
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps(summary, indent=2))
+    return summary
+
+
+if __name__ == "__main__":
+    main()
