@@ -1,7 +1,8 @@
-"""The ``marl-runner`` command: ``sample``, ``validate``, ``serve`` and ``bench``.
+"""The ``marl-runner`` command: ``sample``, ``validate``, ``serve``, ``plot`` and ``bench``.
 
-``serve`` lives in ``marl_runner.serving.cli`` and is registered here; what
-the subcommands share (exit codes, ``CommandError``, config loading, ``--out``)
+``serve`` lives in ``marl_runner.serving.cli`` and ``plot`` in
+``marl_runner.plot_cli``, both registered here; what the subcommands share
+(exit codes, ``CommandError``, config loading, ``--out``, ``--metrics-out``)
 is in ``marl_runner.cli_common``.
 
 Exit codes: 0 success; 1 a failure while sampling; 2 a bad command line or
@@ -30,10 +31,12 @@ from marl_runner.cli_common import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     CommandError,
+    add_metrics_out_arguments,
     check_imports,
     describe,
     load_config,
     non_negative_int,
+    open_metrics_log,
     positive_int,
     prepare_out_dir,
 )
@@ -48,6 +51,8 @@ from marl_runner.display import (
 from marl_runner.imports import ImportPathError, import_object
 from marl_runner.io import write_batch
 from marl_runner.mapping import PolicyMappingError, make_policy_mapping_fn
+from marl_runner.metrics_log import MetricsLogWriter, RunMetrics
+from marl_runner.plot_cli import add_plot_parser, run_plot
 from marl_runner.serving.cli import add_serve_parser, run_serve
 
 __all__ = ["build_parser", "main"]
@@ -64,7 +69,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     _import_from_cwd()
-    command = {"sample": _run_sample, "validate": _run_validate, "serve": run_serve}[args.command]
+    command = {
+        "sample": _run_sample,
+        "validate": _run_validate,
+        "serve": run_serve,
+        "plot": run_plot,
+    }[args.command]
     try:
         return command(args)
     except CommandError as exc:
@@ -157,6 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="seconds between progress lines when stdout is not a terminal (default: 10)",
     )
+    add_metrics_out_arguments(sample)
 
     commands.add_parser(
         "validate",
@@ -171,6 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     add_serve_parser(commands, common)
+    add_plot_parser(commands)
 
     commands.add_parser(
         "bench",
@@ -196,7 +208,21 @@ def _run_sample(args: argparse.Namespace) -> int:
     num_runners = config.num_runners if args.runners is None else args.runners
     if args.out is not None:
         prepare_out_dir(args.out, config)
+    metrics_log = None
+    if args.metrics_out is not None:
+        metrics_log = open_metrics_log(args.metrics_out, args.metrics_interval)
+    with metrics_log or contextlib.nullcontext():
+        return _sample(args, config, unit, target, num_runners, metrics_log)
 
+
+def _sample(
+    args: argparse.Namespace,
+    config: RunnerConfig,
+    unit: str,
+    target: int,
+    num_runners: int,
+    metrics_log: MetricsLogWriter | None,
+) -> int:
     try:
         from marl_runner.distributed import EnvRunnerGroup, ray_session  # imports torch
     except ImportError as exc:
@@ -213,10 +239,16 @@ def _run_sample(args: argparse.Namespace) -> int:
                 stack.enter_context(ray_session(args.address or config.ray_address))
                 group_options["num_cpus_per_runner"] = _cpus_per_runner(num_runners)
             group = stack.enter_context(EnvRunnerGroup(config, num_runners, **group_options))
+            run_metrics = RunMetrics(group.get_metrics, metrics_log)
             progress = make_progress(target, unit, console, interval_s=args.progress_interval)
-            with progress:
-                interrupted = _sample_until(group, counts, unit, target, progress, args.out)
-            metrics = group.get_metrics()
+            try:
+                with progress:
+                    interrupted = _sample_until(
+                        group, counts, unit, target, progress, args.out, run_metrics
+                    )
+            finally:
+                # Before the group stops: on an error too, the log gets its last record.
+                metrics = run_metrics.finish()
     except (ConfigError, ImportPathError) as exc:
         raise CommandError(str(exc)) from exc
     except Exception as exc:
@@ -225,6 +257,12 @@ def _run_sample(args: argparse.Namespace) -> int:
     console.print(metrics_table(metrics))
     if args.out is not None:
         console.print(f"wrote {counts.batches} batches to {args.out}", highlight=False)
+    if metrics_log is not None:
+        console.print(
+            f"wrote {metrics_log.num_records} metrics records to {metrics_log.path}",
+            highlight=False,
+            soft_wrap=True,
+        )
     if interrupted:
         console.print("interrupted: the metrics cover what was sampled so far", highlight=False)
         return EXIT_INTERRUPTED
@@ -238,10 +276,12 @@ def _sample_until(
     target: int,
     progress: ProgressReporter,
     out_dir: Path | None,
+    run_metrics: RunMetrics,
 ) -> bool:
     """Takes batches from ``group.iter_batches()`` (each one ``EnvRunner.sample()`` of a
-    runner) until ``counts.<unit>`` reaches ``target``, writing each as it arrives;
-    returns True when stopped early by Ctrl-C.
+    runner) until ``counts.<unit>`` reaches ``target``, writing each as it arrives and
+    logging metrics when their interval has passed; returns True when stopped early
+    by Ctrl-C.
 
     A batch counts once ``write_batch`` returned, so after Ctrl-C the summary
     names exactly the batches on disk.
@@ -258,6 +298,7 @@ def _sample_until(
             counts.episodes = group.totals.episodes
             counts.faulty_episodes = group.totals.faulty_episodes
             progress.update(counts)
+            run_metrics.poll()
     except KeyboardInterrupt:
         return True
     finally:

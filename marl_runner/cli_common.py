@@ -1,5 +1,5 @@
 """What every ``marl-runner`` subcommand shares: exit codes, the one-line error,
-loading a config from the command line, and preparing ``--out``.
+loading a config from the command line, and preparing ``--out`` and ``--metrics-out``.
 
 ``marl_runner.cli`` (the parser and ``main``) and the subcommands in other
 packages (``marl_runner.serving.cli``) import this module, never each other
@@ -9,6 +9,7 @@ the other way round.
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import yaml
 
 from marl_runner.config import ConfigError, RunnerConfig
 from marl_runner.io import list_batch_files
+from marl_runner.metrics_log import MetricsLogWriter
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -76,6 +78,40 @@ def prepare_out_dir(out_dir: Path, config: RunnerConfig) -> None:
         raise CommandError(f"--out {out_dir}: cannot write there: {_os_error_text(exc)}") from None
 
 
+def add_metrics_out_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--metrics-out FILE`` and ``--metrics-interval SECONDS``, the same for every command."""
+    parser.add_argument(
+        "--metrics-out",
+        type=Path,
+        metavar="FILE",
+        help="write the metrics as JSON lines to FILE (created with its parent directories, "
+        "replaced if it exists): one record per --metrics-interval and a last one when the "
+        "command ends, also on Ctrl-C or an error; see docs/METRICS.md, draw it with "
+        "`marl-runner plot FILE`",
+    )
+    parser.add_argument(
+        "--metrics-interval",
+        type=non_negative_float,
+        default=10.0,
+        metavar="SECONDS",
+        help="with --metrics-out: seconds between records, at most one per batch "
+        "(default: 10; 0: a record after every batch)",
+    )
+
+
+def open_metrics_log(path: Path, interval_s: float) -> MetricsLogWriter:
+    """The ``--metrics-out`` log, opened before any env is built so that an unusable
+    path is a one-line error, not a traceback after minutes of sampling."""
+    if path.is_dir():
+        raise CommandError(f"--metrics-out {path}: is a directory; expected a file path")
+    try:
+        return MetricsLogWriter(path, interval_s)
+    except OSError as exc:
+        raise CommandError(
+            f"--metrics-out {path}: cannot write there: {_os_error_text(exc)}"
+        ) from None
+
+
 def int_at_least(minimum: int) -> Callable[[str], int]:
     """An argparse type: an integer >= ``minimum``, with a one-line message otherwise."""
     expected = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
@@ -94,6 +130,17 @@ def int_at_least(minimum: int) -> Callable[[str], int]:
 
 positive_int = int_at_least(1)
 non_negative_int = int_at_least(0)
+
+
+def non_negative_float(text: str) -> float:
+    """An argparse type: a finite number >= 0, with a one-line message otherwise."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text}")
+    return value
 
 
 def describe(exc: BaseException) -> str:

@@ -23,10 +23,18 @@ import numpy as np
 
 __all__ = [
     "MetricsLogWriter",
+    "RunMetrics",
     "plot_learning_curve",
     "read_metrics_log",
     "read_progress_csv",
 ]
+
+#: Keys of a group's ``get_metrics()`` that are a state at the time of the call, not
+#: counts over the interval: a whole-run summary keeps the latest, never the sum.
+_STATE_KEYS = ("num_healthy_runners", "num_runner_restarts")
+#: Lists of messages about the interval: a whole-run summary keeps the last few of all.
+_MESSAGE_KEYS = ("faults", "runner_faults")
+MAX_SUMMARY_MESSAGES = 10
 
 
 class MetricsLogWriter:
@@ -45,6 +53,7 @@ class MetricsLogWriter:
         self.interval_s = float(interval_s)
         self.env_steps = 0
         self.agent_steps = 0
+        self.num_records = 0
         self._start = time.monotonic()
         self._last_write = self._start
         self._file: IO[str] | None = self.path.open("w", encoding="utf-8")
@@ -65,12 +74,13 @@ class MetricsLogWriter:
                 "elapsed_s": now - self._start,
                 "env_steps": self.env_steps,
                 "agent_steps": self.agent_steps,
-                **metrics,
+                **dict(sorted(metrics.items())),
                 **fields,
             }
         )
         self._file.write(json.dumps(record, allow_nan=False) + "\n")
         self._file.flush()
+        self.num_records += 1
         self._last_write = now
         return record
 
@@ -95,6 +105,84 @@ class MetricsLogWriter:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+class RunMetrics:
+    """A runner's or group's metrics over a whole run, also logged once per interval.
+
+    ``get_metrics()`` resets its source's counters, so what logs the intervals
+    must also add them up for the end-of-run summary. :meth:`poll` (call it
+    after each batch) reads the source into ``log`` when its interval has
+    passed; :meth:`finish` reads the rest, logs it, and returns the summary
+    of every interval. Without a log the source is read once, at the end.
+    """
+
+    def __init__(
+        self, get_metrics: Callable[[], Mapping[str, Any]], log: MetricsLogWriter | None = None
+    ) -> None:
+        self._get_metrics = get_metrics
+        self.log = log
+        self._parts: list[dict[str, Any]] = []
+        self._unlogged: list[dict[str, Any]] = []
+        self._start = self._logged_at = time.perf_counter()
+
+    def poll(self, **fields: Any) -> bool:
+        """Logs a record if the log's interval has passed; returns whether it did."""
+        if self.log is None or not self.log.maybe_write(self._read, **fields):
+            return False
+        self._unlogged.clear()
+        self._logged_at = time.perf_counter()
+        return True
+
+    def finish(self, **fields: Any) -> dict[str, Any]:
+        """Reads what is left into a last record and returns the whole run's metrics.
+
+        The last record also holds anything read but not logged (a Ctrl-C
+        between the two), and is left out when nothing happened since the
+        previous record, so a run's records never end with an empty duplicate.
+        """
+        self._read()
+        if self.log is not None:
+            unlogged = self._unlogged
+            last = unlogged[0] if len(unlogged) == 1 else self._merge(unlogged, self._logged_at)
+            if _has_activity(last) or not self.log.num_records:
+                self.log.write(last, **fields)
+            self._unlogged.clear()
+        return self.summary()
+
+    def summary(self) -> dict[str, Any]:
+        """The metrics of every interval read so far, merged as a group merges its runners'."""
+        return (
+            dict(self._parts[0]) if len(self._parts) == 1 else self._merge(self._parts, self._start)
+        )
+
+    @staticmethod
+    def _merge(parts: list[dict[str, Any]], since: float) -> dict[str, Any]:
+        """``parts`` as one interval that began at ``since`` (``perf_counter`` time)."""
+        from marl_runner.distributed.metrics import merge_metrics
+
+        merged = merge_metrics(parts, time.perf_counter() - since)
+        for key in _STATE_KEYS:
+            if parts and key in parts[-1]:
+                merged[key] = parts[-1][key]
+        for key in _MESSAGE_KEYS:
+            if key in merged:
+                messages = [m for part in parts for m in part.get(key) or []]
+                merged[key] = messages[-MAX_SUMMARY_MESSAGES:]
+        return merged
+
+    def _read(self) -> dict[str, Any]:
+        metrics = dict(self._get_metrics())
+        self._parts.append(metrics)
+        self._unlogged.append(metrics)
+        return metrics
+
+
+def _has_activity(metrics: Mapping[str, Any]) -> bool:
+    return any(
+        metrics.get(key)
+        for key in ("num_env_steps", "num_agent_steps", "episodes", "num_faulty_episodes")
+    )
 
 
 def _jsonable(value: Any) -> Any:

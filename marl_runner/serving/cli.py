@@ -2,8 +2,9 @@
 
 Runs the config's runner behind `PolicyServer` until SIGINT/SIGTERM (or an
 optional `--steps`/`--episodes` target), writes every batch to `--out` as
-`sample` does (its own and those uploaded by local-inference clients), shows
-the same progress line, and prints the metrics table on shutdown. A signal
+`sample` does (its own and those uploaded by local-inference clients), logs
+metrics to `--metrics-out` as `sample` does, shows the same progress line, and
+prints the metrics table on shutdown. A signal
 finishes the batch being written, unblocks waiting clients (they get 503),
 and exits 0.
 """
@@ -11,6 +12,7 @@ and exits 0.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import signal
@@ -25,13 +27,17 @@ from marl_runner.cli_common import (
     EXIT_FAILURE,
     EXIT_OK,
     CommandError,
+    add_metrics_out_arguments,
     check_imports,
     describe,
     load_config,
+    open_metrics_log,
     positive_int,
     prepare_out_dir,
 )
+from marl_runner.config import RunnerConfig
 from marl_runner.display import ProgressReporter, SampleCounts, make_progress, metrics_table
+from marl_runner.metrics_log import MetricsLogWriter, RunMetrics
 
 DEFAULT_PORT = 9900
 TOKEN_ENV_VAR = "MARL_RUNNER_TOKEN"
@@ -48,29 +54,62 @@ def add_serve_parser(commands: Any, common: argparse.ArgumentParser) -> None:
         "ask for actions and log rewards; batches go to --out as with sample. Stops on "
         "SIGINT/SIGTERM (exit 0) or when --steps/--episodes is reached.",
     )
-    serve.add_argument("--host", default="127.0.0.1",
-                       help="address to bind (default 127.0.0.1; any other needs a token)")
-    serve.add_argument("--port", type=int, default=DEFAULT_PORT,
-                       help=f"port to bind (default {DEFAULT_PORT}; 0 picks a free one)")
-    serve.add_argument("--token", default=None,
-                       help=f"shared token clients must send (default: ${TOKEN_ENV_VAR}); "
-                       "required when --host is not a loopback address")
-    serve.add_argument("--out", type=Path, metavar="DIR",
-                       help="write each batch as DIR/batch_NNNNNN.npz (atomically) plus DIR/config.yaml")
+    serve.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to bind (default 127.0.0.1; any other needs a token)",
+    )
+    serve.add_argument(
+        "--port",
+        type=int,
+        default=DEFAULT_PORT,
+        help=f"port to bind (default {DEFAULT_PORT}; 0 picks a free one)",
+    )
+    serve.add_argument(
+        "--token",
+        default=None,
+        help=f"shared token clients must send (default: ${TOKEN_ENV_VAR}); "
+        "required when --host is not a loopback address",
+    )
+    serve.add_argument(
+        "--out",
+        type=Path,
+        metavar="DIR",
+        help="write each batch as DIR/batch_NNNNNN.npz (atomically) plus DIR/config.yaml",
+    )
     target = serve.add_mutually_exclusive_group()
-    target.add_argument("--steps", type=positive_int, metavar="N",
-                        help="stop after N env steps in the batches (default: serve until stopped)")
-    target.add_argument("--episodes", type=positive_int, metavar="N",
-                        help="stop after N episodes (default: serve until stopped)")
-    serve.add_argument("--max-body-mb", type=float, default=64.0, metavar="MB",
-                       help="largest request body accepted (default 64 MB; bigger: 413)")
-    serve.add_argument("--progress-interval", type=float, default=10.0, metavar="SECONDS",
-                       help="seconds between progress lines (default: 10)")
+    target.add_argument(
+        "--steps",
+        type=positive_int,
+        metavar="N",
+        help="stop after N env steps in the batches (default: serve until stopped)",
+    )
+    target.add_argument(
+        "--episodes",
+        type=positive_int,
+        metavar="N",
+        help="stop after N episodes (default: serve until stopped)",
+    )
+    serve.add_argument(
+        "--max-body-mb",
+        type=float,
+        default=64.0,
+        metavar="MB",
+        help="largest request body accepted (default 64 MB; bigger: 413)",
+    )
+    serve.add_argument(
+        "--progress-interval",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="seconds between progress lines (default: 10)",
+    )
+    add_metrics_out_arguments(serve)
 
 
 def run_serve(args: argparse.Namespace) -> int:
     """The `serve` command: serves until stopped or the target is reached; returns the exit code."""
-    from marl_runner.serving.server import PolicyServer, ServerSetupError, is_loopback
+    from marl_runner.serving.server import is_loopback
 
     config = load_config(args.config, args.overrides)
     check_imports(config)
@@ -91,29 +130,55 @@ def run_serve(args: argparse.Namespace) -> int:
         )
     if args.out is not None:
         prepare_out_dir(args.out, config)
+    metrics_log = None
+    if args.metrics_out is not None:
+        metrics_log = open_metrics_log(args.metrics_out, args.metrics_interval)
+    with metrics_log or contextlib.nullcontext():
+        return _serve(args, config, token, console, metrics_log)
+
+
+def _serve(
+    args: argparse.Namespace,
+    config: RunnerConfig,
+    token: str | None,
+    console: Console,
+    metrics_log: MetricsLogWriter | None,
+) -> int:
     from marl_runner import EnvRunner  # imports torch: only when serving
+    from marl_runner.serving.server import PolicyServer, ServerSetupError
 
     counts = SampleCounts()
     stop = threading.Event()
     unit, target = _target(args)
     progress = (
         make_progress(target, unit, console, interval_s=args.progress_interval)
-        if target is not None else _ServeLines(console, args.progress_interval)
+        if target is not None
+        else _ServeLines(console, args.progress_interval)
     )
-    writer = _Writer(counts, progress, args.out, stop, unit, target)
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {
+        sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)
+    }
     try:
         with EnvRunner(config) as runner:
+            run_metrics = RunMetrics(runner.get_metrics, metrics_log)
+            writer = _Writer(counts, progress, args.out, stop, unit, target, run_metrics)
             try:
                 server = PolicyServer(
-                    runner, args.host, args.port, token=token,
+                    runner,
+                    args.host,
+                    args.port,
+                    token=token,
                     max_body_bytes=int(args.max_body_mb * 1024 * 1024),
                 )
             except (ServerSetupError, OSError) as exc:
                 raise CommandError(f"cannot serve on {args.host}:{args.port}: {exc}") from exc
             server.start()
-            console.print(f"serving {config.env['name']} on {server.address} "
-                          f"({config.num_envs} episodes at once)", highlight=False, soft_wrap=True)
+            console.print(
+                f"serving {config.env['name']} on {server.address} "
+                f"({config.num_envs} episodes at once)",
+                highlight=False,
+                soft_wrap=True,
+            )
             console.file.flush()
             try:
                 with progress:
@@ -121,8 +186,10 @@ def run_serve(args: argparse.Namespace) -> int:
             finally:
                 runner.stop()  # waiting clients get 503 now
                 server.close()
-                server.drain_uploads(writer)
-            metrics = runner.get_metrics()
+                try:
+                    server.drain_uploads(writer)
+                finally:  # on an error too, the log gets its last record
+                    metrics = run_metrics.finish()
             uploaded = server.num_uploaded
     except CommandError:
         raise
@@ -133,9 +200,17 @@ def run_serve(args: argparse.Namespace) -> int:
             signal.signal(sig, handler)
     console.print(metrics_table(metrics))
     if uploaded:
-        console.print(f"{uploaded} of the batches came from local-inference clients", highlight=False)
+        console.print(
+            f"{uploaded} of the batches came from local-inference clients", highlight=False
+        )
     if args.out is not None:
         console.print(f"wrote {counts.batches} batches to {args.out}", highlight=False)
+    if metrics_log is not None:
+        console.print(
+            f"wrote {metrics_log.num_records} metrics records to {metrics_log.path}",
+            highlight=False,
+            soft_wrap=True,
+        )
     return EXIT_OK
 
 
@@ -148,13 +223,22 @@ def _target(args: argparse.Namespace) -> tuple[str, int | None]:
 class _Writer:
     """Counts and writes every runner output; sets `stop` once the target is reached."""
 
-    def __init__(self, counts: SampleCounts, progress: ProgressReporter, out_dir: Path | None,
-                 stop: threading.Event, unit: str, target: int | None) -> None:
+    def __init__(
+        self,
+        counts: SampleCounts,
+        progress: ProgressReporter,
+        out_dir: Path | None,
+        stop: threading.Event,
+        unit: str,
+        target: int | None,
+        run_metrics: RunMetrics,
+    ) -> None:
         from marl_runner import MultiAgentBatch, RolloutMetrics
 
         self._batch_type, self._metrics_type = MultiAgentBatch, RolloutMetrics
         self.counts, self.progress, self.out_dir = counts, progress, out_dir
         self.stop, self.unit, self.target = stop, unit, target
+        self.run_metrics = run_metrics
 
     def __call__(self, item: Any) -> None:
         from marl_runner.io import write_batch
@@ -166,6 +250,7 @@ class _Writer:
             counts.agent_steps += item.agent_steps()
             if self.out_dir is not None:
                 write_batch(item, self.out_dir, counts.batches)
+            self.run_metrics.poll()
         elif isinstance(item, self._metrics_type):
             if item.episode_faulty:
                 counts.faulty_episodes += 1

@@ -1,0 +1,348 @@
+"""`marl-runner sample/serve --metrics-out`: one JSON record per interval that adds up to
+exactly what was sampled, complete on a normal end, on Ctrl-C and on an error."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import marl_runner.cli as cli
+from marl_runner import Callbacks
+from marl_runner.cli import main
+from marl_runner.client import PolicyClient
+from marl_runner.io import read_batches
+from marl_runner.metrics_log import read_metrics_log
+
+REPO = Path(__file__).resolve().parents[1]
+SIMPLE_SPREAD = REPO / "examples" / "configs" / "simple_spread.yaml"
+TICTACTOE = REPO / "examples" / "configs" / "tictactoe.yaml"
+DRONES = REPO / "examples" / "configs" / "serve_drones.yaml"
+# 2 sub-envs x 100 env steps (300 agent steps of 3 agents) per sample: 200 env steps a batch.
+SMALL = ["--set", "num_envs=2"]
+
+
+class InterruptOnThirdSample(Callbacks):
+    """Ctrl-C in the middle of the third ``sample()``, as a user pressing it would."""
+
+    def __init__(self) -> None:
+        self.samples = 0
+
+    def on_sample_end(self, **kwargs: Any) -> None:
+        self.samples += 1
+        if self.samples == 3:
+            raise KeyboardInterrupt
+
+
+class FailOnThirdSample(InterruptOnThirdSample):
+    def on_sample_end(self, **kwargs: Any) -> None:
+        self.samples += 1
+        if self.samples == 3:
+            raise RuntimeError("the third sample broke")
+
+
+def batch_steps(out_dir: Path) -> tuple[int, int]:
+    batches = list(read_batches(out_dir))
+    return sum(b.env_steps() for b in batches), sum(b.agent_steps() for b in batches)
+
+
+def check_records_add_up(records: list[dict[str, Any]], env_steps: int, agent_steps: int) -> None:
+    """The intervals' counts sum to the run's; the cumulative counts climb to the same."""
+    assert records, "no records"
+    assert sum(r["num_env_steps"] for r in records) == env_steps
+    assert sum(r["num_agent_steps"] for r in records) == agent_steps
+    assert np.cumsum([r["num_env_steps"] for r in records]).tolist() == [
+        r["env_steps"] for r in records
+    ]
+    assert records[-1]["env_steps"] == env_steps and records[-1]["agent_steps"] == agent_steps
+    elapsed = [r["elapsed_s"] for r in records]
+    assert elapsed == sorted(elapsed)
+
+
+def test_a_record_per_batch_adds_up_to_the_batches_written(tmp_path, capsys) -> None:
+    log = tmp_path / "logs" / "metrics.jsonl"  # its missing parent is created
+    out = tmp_path / "out"
+    code = main(
+        [
+            "sample",
+            str(SIMPLE_SPREAD),
+            "--steps",
+            "1000",
+            *SMALL,
+            "--out",
+            str(out),
+            "--metrics-out",
+            str(log),
+            "--metrics-interval",
+            "0",
+        ]
+    )
+    stdout = capsys.readouterr().out
+    assert code == 0
+    records = read_metrics_log(log)
+    env_steps, agent_steps = batch_steps(out)
+    assert env_steps == 1000 and len(records) == 5  # one record per 200-step batch
+    check_records_add_up(records, env_steps, agent_steps)
+    assert f"wrote 5 metrics records to {log}" in stdout
+    # simple_spread's episodes last 25 steps: 8 end in every batch of 2 x 100 steps.
+    assert [r["episodes"] for r in records] == [8] * 5
+    assert all(r["episode_len_mean"] == 25.0 for r in records)
+    assert all(r["policy_reward_mean"]["shared"] == r["episode_reward_mean"] for r in records)
+    # The end-of-run table covers the whole run, not the last interval.
+    run_mean = np.mean([r["episode_reward_mean"] for r in records])
+    assert re.search(r"episodes\s*│\s*40\b", stdout)
+    assert f"{run_mean:.3f}" in stdout
+
+
+def test_a_long_interval_still_leaves_one_record_for_the_whole_run(tmp_path) -> None:
+    log = tmp_path / "metrics.jsonl"
+    log.write_text('{"from": "an earlier run"}\n')  # replaced, not appended to
+    out = tmp_path / "out"
+    argv = [
+        "sample",
+        str(TICTACTOE),
+        "--steps",
+        "200",
+        "--set",
+        "num_envs=2",
+        "--out",
+        str(out),
+        "--metrics-out",
+        str(log),
+        "--metrics-interval",
+        "3600",
+    ]
+    assert main(argv) == 0
+    (record,) = read_metrics_log(log)
+    env_steps, agent_steps = batch_steps(out)
+    check_records_add_up([record], env_steps, agent_steps)
+    assert record["episodes"] > 0 and set(record["policy_reward_mean"]) == {"player_1", "player_2"}
+    # Tic-tac-toe is zero-sum: what one seat wins the other loses.
+    rewards = record["policy_reward_mean"]
+    assert math.isclose(rewards["player_1"], -rewards["player_2"], abs_tol=1e-9)
+
+
+@pytest.mark.parametrize(
+    ("callbacks", "exit_code"),
+    [("InterruptOnThirdSample", 130), ("FailOnThirdSample", 1)],
+)
+def test_ctrl_c_or_an_error_leaves_a_complete_log(tmp_path, capsys, callbacks, exit_code) -> None:
+    """The third sample never returns: the log and the batch files agree on the first two."""
+    log, out = tmp_path / "metrics.jsonl", tmp_path / "out"
+    code = main(
+        [
+            "sample",
+            str(SIMPLE_SPREAD),
+            "--steps",
+            "100000",
+            *SMALL,
+            "--out",
+            str(out),
+            "--set",
+            f"callbacks=tests.test_cli_metrics_out:{callbacks}",
+            "--metrics-out",
+            str(log),
+            "--metrics-interval",
+            "0",
+        ]
+    )
+    err = capsys.readouterr().err
+    assert code == exit_code, err
+    if exit_code == 1:
+        assert "RuntimeError: the third sample broke" in err
+    assert log.read_text().endswith("}\n")
+    records = read_metrics_log(log)
+    assert len(records) == 2
+    check_records_add_up(records, *batch_steps(out))
+    assert records[-1]["env_steps"] == 400
+
+
+def test_sigint_to_the_command_leaves_a_complete_log(tmp_path) -> None:
+    """A real Ctrl-C (SIGINT) at a random point of the sampling loop, in a subprocess."""
+    log = tmp_path / "metrics.jsonl"
+    command = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "marl_runner.cli",
+            "sample",
+            str(SIMPLE_SPREAD),
+            "--steps",
+            "10000000",
+            *SMALL,
+            "--metrics-out",
+            str(log),
+            "--metrics-interval",
+            "0",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (log.exists() and log.read_text().count("\n") >= 3):
+            assert command.poll() is None and time.monotonic() < deadline, command.stdout.read()
+            time.sleep(0.05)
+        command.send_signal(signal.SIGINT)
+        output, _ = command.communicate(timeout=60)
+    finally:
+        if command.poll() is None:
+            command.kill()
+            command.communicate()
+    assert command.returncode == 130, output
+    assert "interrupted" in output and "Traceback" not in output
+    assert log.read_text().endswith("}\n")
+    records = read_metrics_log(log)
+    assert len(records) >= 3
+    check_records_add_up(records, records[-1]["env_steps"], records[-1]["agent_steps"])
+    assert re.search(rf"env steps\s*│\s*{records[-1]['env_steps']:,}\b", output)
+
+
+@pytest.mark.parametrize(
+    ("make_path", "message"),
+    [
+        (lambda tmp: tmp, "is a directory; expected a file path"),
+        (lambda tmp: tmp / "a-file" / "metrics.jsonl", "cannot write there: "),
+    ],
+)
+def test_an_unusable_path_is_a_one_line_error_before_sampling(
+    tmp_path, capsys, monkeypatch, make_path, message
+) -> None:
+    (tmp_path / "a-file").write_text("")
+    path = make_path(tmp_path)
+
+    def no_sampling(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("sampling started")
+
+    monkeypatch.setattr(cli, "_sample_until", no_sampling)
+    code = main(["sample", str(TICTACTOE), "--metrics-out", str(path)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert err.startswith(f"marl-runner sample: error: --metrics-out {path}: {message}")
+
+
+def test_an_unusable_path_is_a_one_line_error_for_serve(tmp_path, capsys) -> None:
+    code = main(["serve", str(DRONES), "--port", "0", "--metrics-out", str(tmp_path)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert f"--metrics-out {tmp_path}: is a directory" in err
+
+
+def play(client: PolicyClient, steps: int, seed: int) -> float:
+    """One episode of `steps` steps with random rewards; returns its total reward."""
+    rng = np.random.default_rng(seed)
+    drones = [f"drone_{i}" for i in range(4)]
+    eid = client.start_episode()
+    total = 0.0
+    for _ in range(steps):
+        client.get_action(eid, {d: rng.uniform(-1, 1, 8).astype(np.float32) for d in drones})
+        rewards = {d: float(rng.integers(-3, 4)) for d in drones}
+        client.log_returns(eid, rewards)
+        total += sum(rewards.values())
+    client.end_episode(eid, {d: np.zeros(8, np.float32) for d in drones})
+    return total
+
+
+def test_serve_logs_what_its_clients_played(tmp_path) -> None:
+    log, out = tmp_path / "metrics.jsonl", tmp_path / "out"
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "marl_runner.cli",
+            "serve",
+            str(DRONES),
+            "--port",
+            "0",
+            "--episodes",
+            "3",
+            "--out",
+            str(out),
+            "--set",
+            "batch_mode=complete_episodes",
+            "--set",
+            "num_envs=4",
+            "--metrics-out",
+            str(log),
+            "--metrics-interval",
+            "0",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    try:
+        address = None
+        for line in server.stdout:
+            found = re.search(r"on (http://127\.0\.0\.1:\d+)", line)
+            if found:
+                address = found.group(1)
+                break
+        assert address
+        totals: list[float] = []
+        with PolicyClient(address) as client:
+            threads = [
+                threading.Thread(target=lambda s=s: totals.append(play(client, 5, s)))
+                for s in range(3)
+            ]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(30)
+        output, _ = server.communicate(timeout=30)  # it stops after the third episode
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.communicate()
+    assert server.returncode == 0, output
+    records = read_metrics_log(log)
+    check_records_add_up(records, *batch_steps(out))
+    assert records[-1]["env_steps"] == 15
+    assert sum(r["episodes"] for r in records) == 3
+    logged = sum(r["episode_reward_mean"] * r["episodes"] for r in records if r["episodes"])
+    assert math.isclose(logged, sum(totals), abs_tol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_runners_in_ray_log_every_batch_of_every_runner(ray_local, tmp_path) -> None:
+    log, out = tmp_path / "metrics.jsonl", tmp_path / "out"
+    code = main(
+        [
+            "sample",
+            str(SIMPLE_SPREAD),
+            "--steps",
+            "1600",
+            *SMALL,
+            "--runners",
+            "2",
+            "--out",
+            str(out),
+            "--metrics-out",
+            str(log),
+            "--metrics-interval",
+            "0",
+        ]
+    )
+    assert code == 0
+    records = read_metrics_log(log)
+    env_steps, agent_steps = batch_steps(out)
+    assert env_steps >= 1600 and len(records) == env_steps // 200
+    check_records_add_up(records, env_steps, agent_steps)
+    assert all(r["num_healthy_runners"] == 2 and r["episodes"] == 8 for r in records)
