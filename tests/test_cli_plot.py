@@ -1,0 +1,118 @@
+"""`marl-runner plot`: learning curves from a sampled metrics log or a progress.csv,
+and one-line errors (exit 2) for what cannot be drawn."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from marl_runner.cli import main
+from marl_runner.metrics_log import read_metrics_log
+
+REPO = Path(__file__).resolve().parents[1]
+TICTACTOE = REPO / "examples" / "configs" / "tictactoe.yaml"
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real run's metrics log: tic-tac-toe, two seats, a record per batch."""
+    run = tmp_path_factory.mktemp("run")
+    argv = [
+        "sample",
+        str(TICTACTOE),
+        "--steps",
+        "400",
+        "--set",
+        "num_envs=2",
+        "--metrics-out",
+        str(run / "metrics.jsonl"),
+        "--metrics-interval",
+        "0",
+    ]
+    assert main(argv) == 0
+    assert len(read_metrics_log(run / "metrics.jsonl")) == 4
+    return run
+
+
+def assert_png(path: Path) -> None:
+    data = path.read_bytes()
+    assert data.startswith(PNG_SIGNATURE) and len(data) > 5000
+
+
+def plot_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    code = main(["plot", *argv])
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith("marl-runner plot: error: ")
+    return err
+
+
+def test_a_run_directory_is_drawn_next_to_its_log(run_dir, capsys) -> None:
+    assert main(["plot", str(run_dir)]) == 0
+    assert_png(run_dir / "metrics.png")
+    assert "episode_reward_mean over env_steps, 4 rows" in capsys.readouterr().out
+
+
+def test_a_nested_key_draws_every_policy(run_dir, tmp_path, capsys) -> None:
+    out = tmp_path / "img" / "seats.png"
+    argv = [
+        str(run_dir / "metrics.jsonl"),
+        "--out",
+        str(out),
+        "--x",
+        "elapsed_s",
+        "--y",
+        "policy_reward_mean",
+        "episode_len_mean",
+    ]
+    assert main(["plot", *argv]) == 0
+    assert_png(out)
+    stdout = capsys.readouterr().out
+    drawn = "policy_reward_mean/player_1, policy_reward_mean/player_2, episode_len_mean"
+    assert f"{drawn} over elapsed_s" in stdout
+
+
+def test_a_training_runs_progress_csv(tmp_path, capsys) -> None:
+    (tmp_path / "progress.csv").write_text(
+        "iteration,env_steps,sps,episode_reward_mean\n1,800,900.5,\n2,1600,950.0,-70.5\n"
+        "3,2400,940.0,-66.0\n"
+    )
+    assert main(["plot", str(tmp_path), "--y", "episode_reward_mean", "sps"]) == 0
+    assert_png(tmp_path / "progress.png")
+    assert "3 rows of" in capsys.readouterr().out
+
+
+def test_unknown_columns_name_the_available_ones(run_dir, capsys) -> None:
+    err = plot_error([str(run_dir), "--y", "reward"], capsys)
+    assert "--y reward: no such column in" in err
+    assert "available: " in err and "episode_reward_mean" in err
+    assert "policy_reward_mean/player_1" in err and "faults" not in err
+    err = plot_error([str(run_dir), "--x", "steps"], capsys)
+    assert "--x steps: no such column" in err and "agent_steps" in err
+
+
+def test_missing_and_empty_inputs(tmp_path, capsys) -> None:
+    missing = tmp_path / "nothing-here"
+    assert f"{missing}: no such file or directory" in plot_error([str(missing)], capsys)
+    assert "holds neither metrics.jsonl nor progress.csv" in plot_error([str(tmp_path)], capsys)
+    (tmp_path / "metrics.jsonl").write_text("")
+    assert "metrics.jsonl: holds no records yet" in plot_error([str(tmp_path)], capsys)
+    assert not (tmp_path / "metrics.png").exists()
+
+
+def test_a_log_without_finished_episodes_says_so(tmp_path, capsys) -> None:
+    log = tmp_path / "metrics.jsonl"
+    log.write_text(
+        '{"env_steps": 10, "episodes": 0, "episode_reward_mean": null}\n'
+        '{"env_steps": 20, "episodes": 0, "episode_reward_mean": null}\n'
+    )
+    assert "no row has finite values" in plot_error([str(log)], capsys)
+
+
+def test_a_broken_record_names_its_line(tmp_path, capsys) -> None:
+    log = tmp_path / "metrics.jsonl"
+    log.write_text('{"env_steps": 10}\n{"env_steps": \n{"env_steps": 30}\n')
+    assert f"{log}:2: not a JSON record" in plot_error([str(log)], capsys)
