@@ -97,11 +97,18 @@ class PolicyMap(Mapping[str, Policy]):
         entry = self.entries.get(policy_id)
         return None if entry is None else entry.policy
 
-    def remove(self, policy_id: str) -> None:
+    def remove(self, policy_id: str) -> tuple[Any, PolicyEntry | None]:
+        """Forgets the policy; returns its spec and entry, for ``restore`` if the removal fails."""
         if policy_id not in self._specs:
             raise KeyError(f"no policy {policy_id!r}; policies: {sorted(self._specs)}")
-        del self._specs[policy_id]
-        self.entries.pop(policy_id, None)
+        return self._specs.pop(policy_id), self.entries.pop(policy_id, None)
+
+    def restore(self, policy_id: str, removed: tuple[Any, PolicyEntry | None]) -> None:
+        """Undoes ``remove``: the same spec and the same built policy (weights, connector state)."""
+        spec, entry = removed
+        self._specs[policy_id] = spec
+        if entry is not None:
+            self.entries[policy_id] = entry
 
     def _build_mapped(self, specs: Mapping[str, Any]) -> None:
         """Builds the given policies that known agents map to, or that declare their spaces."""

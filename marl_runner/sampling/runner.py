@@ -25,6 +25,7 @@ from marl_runner.envs.errors import EpisodeFault
 from marl_runner.imports import import_object
 from marl_runner.metrics import PHASES, MetricsCollector, PerfStats
 from marl_runner.policy import Policy
+from marl_runner.sampling.episode import AgentSlot
 from marl_runner.sampling.fragments import FragmentBuilder
 from marl_runner.sampling.lifecycle import EpisodeLifecycle, SubEnvError
 from marl_runner.sampling.policy_map import PolicyMap
@@ -137,22 +138,35 @@ class EnvRunner:
 
         All of its live agents must now map to ONE policy, which takes over
         their unfinished trajectories; anything else would split what was one
-        evaluation group mid-episode, so it raises.
+        evaluation group mid-episode, so it raises. If it raises (that, or an
+        error from the mapping fn), nothing changed: the policy stays and its
+        agents keep playing it.
         """
-        self.policy_map.remove(policy_id)
-        targets: set[str] = set()
+        removed = self.policy_map.remove(policy_id)
+        remapped: list[tuple[AgentSlot, str]] = []
+        try:
+            for episode in self._episodes.active.values():
+                for agent_id, slot in episode.slots.items():
+                    if slot.policy_id == policy_id and not slot.done:
+                        remapped.append((slot, episode.policy_for(agent_id, refresh=True)))
+            targets = {target for _, target in remapped}
+            if len(targets) > 1:
+                raise ValueError(
+                    f"removing policy {policy_id!r}: its running agents now map to several "
+                    f"policies {sorted(targets)}; a mapping must not split one evaluation group "
+                    "mid-episode"
+                )
+            for slot, target in remapped:
+                self.policy_map.entry_for(target, slot.agent_id)
+        except BaseException:
+            # The episodes' cached mappings may hold the new ids, but an agent with a
+            # slot is never mapped from the cache again: its slot decides.
+            self.policy_map.restore(policy_id, removed)
+            raise
         for episode in self._episodes.active.values():
             episode.layout = None
-            for agent_id, slot in episode.slots.items():
-                if slot.policy_id == policy_id and not slot.done:
-                    slot.policy_id = episode.policy_for(agent_id, refresh=True)
-                    self.policy_map.entry_for(slot.policy_id, agent_id)
-                    targets.add(slot.policy_id)
-        if len(targets) > 1:
-            raise ValueError(
-                f"removing policy {policy_id!r}: its running agents now map to several policies "
-                f"{sorted(targets)}; a mapping must not split one evaluation group mid-episode"
-            )
+        for slot, target in remapped:
+            slot.policy_id = target
         self._fragments.move_rows(policy_id, targets.pop() if targets else None)
 
     def set_policy_mapping_fn(self, fn: Callable[..., str] | str | dict) -> None:
