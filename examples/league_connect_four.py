@@ -193,7 +193,16 @@ def main(
     optimizer = torch.optim.Adam(learner.parameters(), lr=args.lr, eps=1e-5)
 
     fieldnames = ["iteration", "env_steps", "wall_s", "sps", "learner_rows", "lr"]
-    fieldnames += ["pool_win", "pool_draw", "pool_loss", "pool_games", "pool", "vs_random_win"]
+    fieldnames += [
+        "pool_win",
+        "pool_draw",
+        "pool_loss",
+        "pool_games",
+        "pool_size",
+        "pool_oldest",
+        "pool_newest",
+    ]
+    fieldnames += ["vs_random_win"]
     fieldnames += STAT_KEYS
     progress_file = (run_dir / "progress.csv").open("w", newline="", encoding="utf-8")
     progress = csv.DictWriter(progress_file, fieldnames=fieldnames)
@@ -227,7 +236,10 @@ def main(
                 "learner_rows": len(learner_rows),
                 "lr": lr,
                 **results.pop_rates(),
-                "pool": " ".join(matchmaker.pool),
+                # Snapshot numbers (snap_0007 -> 7): progress.csv stays all numbers.
+                "pool_size": len(matchmaker.pool),
+                "pool_oldest": int(matchmaker.pool[0].split("_")[1]),
+                "pool_newest": int(matchmaker.pool[-1].split("_")[1]),
                 "vs_random_win": math.nan,
                 **stats,
             }
@@ -245,7 +257,7 @@ def main(
             print(
                 f"iter {iteration:4d}  env_steps {env_steps:8d}  SPS {row['sps']:6.0f}  "
                 f"vs pool: win {row['pool_win']:.2f} draw {row['pool_draw']:.2f} "
-                f"loss {row['pool_loss']:.2f} ({row['pool_games']} games)  pool {row['pool']}",
+                f"loss {row['pool_loss']:.2f} ({row['pool_games']} games)  pool {matchmaker.pool}",
                 flush=True,
             )
             if on_iteration is not None:

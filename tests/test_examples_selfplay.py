@@ -1,0 +1,132 @@
+"""The Connect Four self-play and league examples, run end to end in their --smoke mode."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from examples import league_connect_four, selfplay_connect_four
+from marl_runner import EnvRunner, MultiAgentBatch, SampleBatch, TorchPolicy, restore_checkpoint
+from marl_runner.metrics_log import read_progress_csv
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def check_rates(result: dict, games: int) -> None:
+    """Win/draw/loss rates are rates of ``games`` games and add up to 1."""
+    assert result["games"] == games
+    rates = [result[outcome] for outcome in ("win", "draw", "loss")]
+    assert all(0.0 <= rate <= 1.0 for rate in rates), result
+    assert math.isclose(sum(rates), 1.0), result
+    assert all(math.isclose(rate * games, round(rate * games)) for rate in rates), result
+
+
+@pytest.mark.timeout(120)
+def test_selfplay_smoke_trains_one_shared_policy_and_reports_per_seat(tmp_path, capsys) -> None:
+    run_dir = tmp_path / "selfplay"
+    summary = selfplay_connect_four.main(["--smoke", "--run-dir", str(run_dir)])
+    assert "SPS" in capsys.readouterr().out
+
+    rows = read_progress_csv(run_dir / "progress.csv")
+    assert [row["iteration"] for row in rows] == list(range(1, len(rows) + 1))
+    assert rows[-1]["env_steps"] == summary["env_steps"] >= 300
+    for row in rows:
+        assert math.isfinite(row["sps"]) and row["entropy"] > 0
+    evaluated = [row["vs_random_win"] for row in rows if math.isfinite(row["vs_random_win"])]
+    assert evaluated and all(0.0 <= win <= 1.0 for win in evaluated)
+    assert (run_dir / "learning_curve.png").read_bytes().startswith(PNG_SIGNATURE)
+    assert json.loads((run_dir / "summary.json").read_text()) == summary
+
+    final = summary["vs_random"]
+    check_rates(final, 8)
+    for seat in ("player_0", "player_1"):
+        check_rates(final["per_seat"][seat], 4)
+        assert final["per_seat"][seat]["rows_checked"] > 0
+    with restore_checkpoint(run_dir / "final.ckpt") as runner:
+        assert list(runner.policy_map) == ["shared"]  # both seats, one policy
+
+
+def test_the_mask_check_refuses_a_masked_move() -> None:
+    rows = SampleBatch(
+        {
+            "actions": np.array([0, 6]),
+            "action_mask": np.array([[1, 1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 0]], np.int8),
+        }
+    )
+    with pytest.raises(AssertionError, match="column 6"):
+        selfplay_connect_four.check_masks_honoured(MultiAgentBatch({"shared": rows}, 2))
+    assert (
+        selfplay_connect_four.check_masks_honoured(MultiAgentBatch({"s": rows.rows_slice(0, 1)}, 1))
+        == 1
+    )
+
+
+class PoolWatch:
+    """``on_iteration`` hook: checks the pool against the runner after every iteration."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.snapshot_weights: dict[str, dict] = {}  # weights when first seen in the pool
+        self.learner_weights: list[dict] = []
+        self.max_pool = 0
+
+    def __call__(
+        self, iteration: int, runner: EnvRunner, pool: list[str], learner: TorchPolicy
+    ) -> None:
+        self.max_pool = max(self.max_pool, len(pool))
+        assert 1 <= len(pool) <= self.cap
+        assert set(runner.policy_map) == set(runner.policy_map.policy_ids) == {"learner", *pool}
+        for removed in set(self.snapshot_weights) - set(pool):
+            assert removed not in runner.policy_map.policy_ids
+        weights = runner.get_weights()
+        assert_same_weights(weights["learner"], learner.get_weights())  # sampler is in sync
+        for name in pool:
+            # A snapshot is a frozen copy of the learner: new ones equal it, old ones never change.
+            first_seen = self.snapshot_weights.setdefault(name, weights[name])
+            assert_same_weights(weights[name], first_seen)
+        self.learner_weights.append(weights["learner"])
+
+
+def assert_same_weights(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        np.testing.assert_array_equal(np.asarray(a[name]), np.asarray(b[name]), err_msg=name)
+
+
+@pytest.mark.timeout(120)
+def test_league_smoke_keeps_the_pool_capped_and_trains_only_the_learner(tmp_path) -> None:
+    run_dir = tmp_path / "league"
+    watch = PoolWatch(cap=2)
+    summary = league_connect_four.main(["--smoke", "--run-dir", str(run_dir)], on_iteration=watch)
+
+    rows = read_progress_csv(run_dir / "progress.csv")
+    assert len(rows) == summary["iterations"] == len(watch.learner_weights) >= 3
+    # One snapshot per iteration in smoke mode, two kept: older ones were removed.
+    assert summary["snapshots_added"] == summary["iterations"] + 1
+    assert watch.max_pool == 2 and len(watch.snapshot_weights) == summary["snapshots_added"]
+    for earlier, later in zip(watch.learner_weights, watch.learner_weights[1:]):
+        assert any(not np.array_equal(earlier[k], later[k]) for k in earlier), "learner not trained"
+    # Every snapshot was taken from the learner as it was at the end of some iteration.
+    for name, weights in watch.snapshot_weights.items():
+        if name != "snap_0000":
+            index = int(name.split("_")[1]) - 1
+            assert_same_weights(weights, watch.learner_weights[index])
+    for row in rows:
+        assert row["learner_rows"] > 0 and 1 <= row["pool_size"] <= 2
+        assert row["pool_newest"] - row["pool_oldest"] == row["pool_size"] - 1
+        if row["pool_games"]:
+            check_rates(
+                {
+                    "win": row["pool_win"],
+                    "draw": row["pool_draw"],
+                    "loss": row["pool_loss"],
+                    "games": row["pool_games"],
+                },
+                int(row["pool_games"]),
+            )
+    assert sum(row["pool_games"] for row in rows) > 0
+    assert (run_dir / "win_rate_vs_pool.png").read_bytes().startswith(PNG_SIGNATURE)
+    check_rates(summary["vs_random"], 8)
