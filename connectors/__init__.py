@@ -15,12 +15,15 @@ from connectors.action import (
 from connectors.agent import (
     ClipRewardAgentConnector,
     FlattenDataAgentConnector,
+    GrayscaleAgentConnector,
     LambdaAgentConnector,
     MeanStdObservationFilterAgentConnector,
     ObsPreprocessorConnector,
+    ResizeAgentConnector,
     RunningStats,
     StateBufferConnector,
     ViewRequirementAgentConnector,
+    is_image_space,
 )
 from connectors.base import ActionConnector, AgentConnector, Connector, ConnectorContext
 from connectors.data import (
@@ -70,12 +73,14 @@ __all__ = [
     "ConnectorTiming",
     "ConvertToNumpyConnector",
     "FlattenDataAgentConnector",
+    "GrayscaleAgentConnector",
     "ImmutableActionsConnector",
     "LambdaActionConnector",
     "LambdaAgentConnector",
     "MeanStdObservationFilterAgentConnector",
     "NormalizeActionsConnector",
     "ObsPreprocessorConnector",
+    "ResizeAgentConnector",
     "RunningStats",
     "StateBufferConnector",
     "ViewRequirementAgentConnector",
@@ -84,6 +89,7 @@ __all__ = [
     "default_action_connectors",
     "default_agent_connectors",
     "get_connector",
+    "is_image_space",
     "register_connector",
     "register_lambda_action_connector",
     "register_lambda_agent_connector",

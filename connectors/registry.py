@@ -22,9 +22,11 @@ from connectors.action import (
 from connectors.agent import (
     ClipRewardAgentConnector,
     FlattenDataAgentConnector,
+    GrayscaleAgentConnector,
     LambdaAgentConnector,
     MeanStdObservationFilterAgentConnector,
     ObsPreprocessorConnector,
+    ResizeAgentConnector,
     StateBufferConnector,
     ViewRequirementAgentConnector,
 )
@@ -311,6 +313,8 @@ for _builtin in (
     MeanStdObservationFilterAgentConnector,
     StateBufferConnector,
     ViewRequirementAgentConnector,
+    GrayscaleAgentConnector,
+    ResizeAgentConnector,
     LambdaAgentConnector,
     ConvertToNumpyConnector,
     NormalizeActionsConnector,

@@ -81,6 +81,15 @@ MODEL_KEYS = {
         "activation": "tanh or relu. Default: tanh.",
         "lstm_cell_size": "LSTM state size. Default: 64.",
     },
+    "cnn": {
+        "type": "cnn: convolutions over image observations (height, width, channels), "
+        "channels last; uint8 pixels are scaled to [0, 1] inside the model.",
+        "conv": "Conv layers as [out_channels, kernel, stride], no padding. "
+        "Default: [[32, 8, 4], [64, 4, 2], [64, 3, 1]] (Nature CNN, for 84x84).",
+        "hidden": "Dense layer sizes after the convolutions. Default: [512].",
+        "activation": "tanh or relu. Default: relu.",
+        "vf_share_layers": "Policy and value share the conv and dense trunk. Default: true.",
+    },
 }
 MODEL_TYPES = tuple(MODEL_KEYS)
 ACTIVATIONS = ("tanh", "relu")
@@ -558,7 +567,23 @@ def _check_model(model: Any, key: str) -> dict[str, Any]:
         _check_bool(model["vf_share_layers"], f"{key}.vf_share_layers")
     if "lstm_cell_size" in model:
         _check_int(model["lstm_cell_size"], f"{key}.lstm_cell_size", minimum=1)
+    if "conv" in model:
+        _check_conv(model["conv"], f"{key}.conv")
     return model
+
+
+def _check_conv(conv: Any, key: str) -> None:
+    def is_layer(layer: Any) -> bool:
+        if not (isinstance(layer, list) and len(layer) == 3):
+            return False
+        return all(_is_int(v) and v >= 1 for v in layer)
+
+    if not (isinstance(conv, list) and conv and all(map(is_layer, conv))):
+        raise ConfigError(
+            key,
+            f"got {conv!r}, expected a non-empty list of [out_channels, kernel, stride] "
+            "integer triples >= 1, e.g. [[32, 8, 4], [64, 4, 2], [64, 3, 1]]",
+        )
 
 
 def _check_connectors(spec: Any, key: str, kind: str) -> list[str | dict[str, Any]] | None:

@@ -253,9 +253,9 @@ ERROR_CASES = [
     ({"policies": {1: {}}}, "policies.1", ["non-empty string"]),
     (policy(modle={}), "policies.archer.modle", ["unknown key", "model"]),
     (
-        policy(model={"type": "cnn"}),
+        policy(model={"type": "gru"}),
         "policies.archer.model.type",
-        ["'cnn'", "'mlp'", "'lstm'", "class"],
+        ["'gru'", "'mlp'", "'lstm'", "'cnn'", "class"],
     ),
     (policy(model={"type": "mlp", "class": "a:B"}), "policies.archer.model", ["both"]),
     (
@@ -395,11 +395,11 @@ def test_yaml_merge_keys_may_be_overridden(tmp_path: Path) -> None:
 
 
 def test_yaml_errors_in_values_name_the_file(tmp_path: Path) -> None:
-    path = write(tmp_path, "env: {name: 'x:y'}\npolicies: {a: {model: {type: cnn}}}\n")
+    path = write(tmp_path, "env: {name: 'x:y'}\npolicies: {a: {model: {type: gru}}}\n")
     with pytest.raises(ConfigError) as info:
         RunnerConfig.from_yaml(path)
     assert info.value.key == "policies.a.model.type"
-    assert str(info.value).startswith(f"{path}: policies.a.model.type: got 'cnn'")
+    assert str(info.value).startswith(f"{path}: policies.a.model.type: got 'gru'")
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,7 @@
 """Built-in agent connectors: raw per-agent env data -> policy input."""
 
 from connectors.agent.flatten import FlattenDataAgentConnector
+from connectors.agent.images import GrayscaleAgentConnector, ResizeAgentConnector, is_image_space
 from connectors.agent.lambdas import LambdaAgentConnector
 from connectors.agent.mean_std_filter import MeanStdObservationFilterAgentConnector, RunningStats
 from connectors.agent.obs_preprocessor import ObsPreprocessorConnector
@@ -11,10 +12,13 @@ from connectors.agent.view_requirements import ViewRequirementAgentConnector
 __all__ = [
     "ClipRewardAgentConnector",
     "FlattenDataAgentConnector",
+    "GrayscaleAgentConnector",
     "LambdaAgentConnector",
     "MeanStdObservationFilterAgentConnector",
     "ObsPreprocessorConnector",
+    "ResizeAgentConnector",
     "RunningStats",
     "StateBufferConnector",
     "ViewRequirementAgentConnector",
+    "is_image_space",
 ]

@@ -1,4 +1,4 @@
-"""Raw env observations -> one float32 matrix, with action masks put aside."""
+"""Raw env observations -> one float32 matrix (or uint8 images), with action masks put aside."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from connectors.agent.images import is_image_space
 from connectors.base import AgentConnector, ConnectorContext
 from connectors.data import AgentRows
 from connectors.errors import ConnectorError
@@ -57,6 +58,27 @@ def _box(space: gym.spaces.Box, path: str) -> _Encoding:
     return _Encoding(
         encode, space.low.astype(np.float32).ravel(), space.high.astype(np.float32).ravel()
     )
+
+
+def _image(space: gym.spaces.Box, path: str) -> _Encoding:
+    """uint8 ``(H, W, C)`` frames stay as they are: one ``[n, H, W, C]`` uint8 array."""
+    shape = space.shape
+
+    def encode(values: Any, n: int) -> np.ndarray:
+        try:
+            array = np.stack(values) if isinstance(values, list) else np.asarray(values)
+        except ValueError as err:
+            raise ConnectorError(
+                f"{path}: image observations do not stack to shape {shape}: {err}"
+            ) from None
+        if array.shape != (n, *shape):
+            raise ConnectorError(
+                f"{path}: expected {n} image observations of shape {shape} for {space}, "
+                f"got an array of shape {array.shape}"
+            )
+        return array.astype(np.uint8, copy=False)
+
+    return _Encoding(encode, space.low, space.high)
 
 
 def _check_range(path: str, index: np.ndarray, sizes: np.ndarray | int, space: gym.Space) -> None:
@@ -153,7 +175,10 @@ class ObsPreprocessorConnector(AgentConnector):
     """Turns the ``obs`` column (raw env observations) into float32 ``[n, d]``.
 
     Box observations are flattened, Discrete/MultiDiscrete one-hot encoded,
-    Dict/Tuple flattened part by part in the space's key order. An
+    Dict/Tuple flattened part by part in the space's key order. Image
+    observations (a uint8 Box ``(H, W, C)``, see ``is_image_space``) are the
+    exception: they stay uint8 ``[n, H, W, C]``, 4x smaller in every batch,
+    and the model scales them (a flat model flattens them itself). An
     ``action_mask`` entry of a Dict observation, or of a row's info dict (the
     two ways PettingZoo envs hand out masks), goes to an int8 ``action_mask``
     column ``[n, A]`` instead, so the policy can honour it; rows without a
@@ -178,6 +203,7 @@ class ObsPreprocessorConnector(AgentConnector):
             )
         self.masks_from_infos = masks_from_infos
         self._encoding: _Encoding | None = None
+        self._empty: np.ndarray | None = None  # what a round without rows outputs
         self._obs_has_mask = False
         self._obs_mask_width = 0
         self._info_mask_width = (
@@ -197,13 +223,18 @@ class ObsPreprocessorConnector(AgentConnector):
 
     def output_observation_space(self, space: gym.Space) -> gym.Space:
         obs_space, _ = self._split_mask(space)
+        if is_image_space(obs_space):
+            return obs_space
         encoding = _compile(obs_space, "obs")
         return gym.spaces.Box(encoding.low, encoding.high, dtype=np.float32)
 
     def bind_input_space(self, space: gym.Space) -> gym.Space:
         out = super().bind_input_space(space)
         obs_space, mask_space = self._split_mask(space)
-        self._encoding = _compile(obs_space, "obs")
+        self._encoding = (
+            _image(obs_space, "obs") if is_image_space(obs_space) else _compile(obs_space, "obs")
+        )
+        self._empty = np.zeros((0, *out.shape), out.dtype)
         self._obs_has_mask = mask_space is not None
         if mask_space is not None:
             self._obs_mask_width = int(np.prod(mask_space.shape))
@@ -223,7 +254,7 @@ class ObsPreprocessorConnector(AgentConnector):
             if self._info_mask_width is not None:
                 rows["action_mask"] = self._masks_from_infos(rows.get("infos"), n)
         if n == 0:
-            rows["obs"] = np.zeros((0, len(self._encoding.low)), dtype=np.float32)
+            rows["obs"] = self._empty
             return rows
         try:
             rows["obs"] = self._encoding.encode(obs, n)

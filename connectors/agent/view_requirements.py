@@ -8,6 +8,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from connectors.agent.images import is_image_space
 from connectors.agent.keyed import KeyedArray
 from connectors.base import AgentConnector, ConnectorContext
 from connectors.data import ActionRows, AgentRows
@@ -69,6 +70,10 @@ class ViewRequirementAgentConnector(AgentConnector):
     - ``{"obs": {"frames": k}}``: ``obs`` becomes ``[n, k, *obs_shape]``, the
       last k observations of the key, oldest first, zero-padded at the episode
       start. Needs a Box input space; the output space's bounds include 0.
+      Image observations (uint8 ``(H, W, C)``, see ``is_image_space``) are
+      stacked on the channel axis instead and stay uint8: ``[n, H, W, k*C]``,
+      channels ``[i*C:(i+1)*C]`` holding frame ``t - (k - 1) + i``, as a CNN
+      takes them.
 
     Other keys are ignored. With none of these set the connector returns its
     input untouched. ``view_requirements`` are re-read when they change, but
@@ -101,9 +106,8 @@ class ViewRequirementAgentConnector(AgentConnector):
         self._prev_rewards = prev_rewards
         self._frames = None
         if frames > 1:
-            space = self.input_observation_space
-            self.output_observation_space(space)  # raises unless a Box
-            self._frames = KeyedArray((frames, *space.shape), np.float32)
+            stacked = self.output_observation_space(self.input_observation_space)  # Box or raise
+            self._frames = KeyedArray(stacked.shape, stacked.dtype)
 
     def output_observation_space(self, space: gym.Space) -> gym.Space:
         frames = _stacked_frames(self.ctx.view_requirements)
@@ -113,8 +117,12 @@ class ViewRequirementAgentConnector(AgentConnector):
             raise ConnectorError(
                 f"ViewRequirementAgentConnector stacks frames of Box observations only, got {space}"
             )
-        low = np.broadcast_to(np.minimum(space.low, 0), (frames, *space.shape))
-        high = np.broadcast_to(np.maximum(space.high, 0), (frames, *space.shape))
+        low, high = np.minimum(space.low, 0), np.maximum(space.high, 0)
+        if is_image_space(space):
+            tiles = (1, 1, frames)
+            return gym.spaces.Box(np.tile(low, tiles), np.tile(high, tiles), dtype=space.dtype)
+        low = np.broadcast_to(low, (frames, *space.shape))
+        high = np.broadcast_to(high, (frames, *space.shape))
         return gym.spaces.Box(low.astype(np.float32), high.astype(np.float32), dtype=np.float32)
 
     def bind_input_space(self, space: gym.Space) -> gym.Space:
@@ -153,16 +161,20 @@ class ViewRequirementAgentConnector(AgentConnector):
 
     def _stack(self, obs: Any, keys: np.ndarray, is_first: np.ndarray) -> np.ndarray:
         table = self._frames
-        obs = np.asarray(obs, dtype=np.float32)
-        if obs.shape[1:] != table.data.shape[2:]:
+        space = self.input_observation_space
+        obs = np.asarray(obs, dtype=table.data.dtype)
+        if obs.shape[1:] != space.shape:
             raise ConnectorError(
                 f"ViewRequirementAgentConnector: expected observations of shape "
-                f"{table.data.shape[2:]} to stack, got {obs.shape[1:]}"
+                f"{space.shape} to stack, got {obs.shape[1:]}"
             )
         table.ensure(keys)
         history = table.data[keys]
         history[is_first] = 0
-        stacked = np.concatenate([history[:, 1:], obs[:, None]], axis=1)
+        if is_image_space(space):  # drop the oldest frame's channels, append the new ones
+            stacked = np.concatenate([history[..., space.shape[-1] :], obs], axis=-1)
+        else:
+            stacked = np.concatenate([history[:, 1:], obs[:, None]], axis=1)
         table.data[keys] = stacked
         return stacked
 

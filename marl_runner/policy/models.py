@@ -1,7 +1,8 @@
 """Built-in torch models and the factory that reads a policy's ``model`` config.
 
 Model protocol (built-in and user classes alike): the constructor takes
-``(obs_dim, num_outputs, **kwargs)``. A feed-forward model's
+``(obs_dim, num_outputs, **kwargs)`` (the ``cnn`` model takes the image
+shape ``(H, W, C)`` instead of ``obs_dim``, and its input unflattened). A feed-forward model's
 ``forward(obs)`` returns ``(dist_inputs, value)``; a recurrent model also
 defines ``get_initial_state() -> list[Tensor]`` (one tensor per state, shape
 of one row), and its ``forward(obs, state)`` returns
@@ -20,10 +21,12 @@ from torch import nn
 from marl_runner.config import MODEL_KEYS
 from marl_runner.imports import import_object
 
-__all__ = ["LSTMModel", "MLPModel", "build_model", "is_recurrent_model"]
+__all__ = ["CNNModel", "LSTMModel", "MLPModel", "build_model", "is_recurrent_model"]
 
 _ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
-_CHOICES = "'mlp', 'lstm' or {class: 'pkg.mod:Cls', ...}"
+_CHOICES = "'mlp', 'lstm', 'cnn' or {class: 'pkg.mod:Cls', ...}"
+#: Nature CNN (Mnih et al. 2015): [out_channels, kernel, stride] per layer, for 84x84 input.
+NATURE_CONV = ((32, 8, 4), (64, 4, 2), (64, 3, 1))
 
 
 def _linear(in_dim: int, out_dim: int, gain: float) -> nn.Linear:
@@ -105,6 +108,65 @@ class LSTMModel(nn.Module):
         return self.logits(out), self.value(out).squeeze(-1), [h_out[0], c_out[0]]
 
 
+class CNNModel(nn.Module):
+    """Convolutions, then dense layers, then policy and value heads, over images.
+
+    Input: ``[n, H, W, C]`` channels last, as the connectors hand images out
+    (frames stacked on C); uint8 pixels are scaled to [0, 1] here, so batches
+    keep them 4x smaller than float32. Other dtypes are used as they are.
+    Convolutions have no padding; a stack that shrinks the image to nothing
+    is an error when the model is built, naming the layer.
+    """
+
+    def __init__(
+        self,
+        obs_shape: Sequence[int],
+        num_outputs: int,
+        conv: Sequence[Sequence[int]] = NATURE_CONV,
+        hidden: Sequence[int] = (512,),
+        activation: str = "relu",
+        vf_share_layers: bool = True,
+    ) -> None:
+        super().__init__()
+        if len(obs_shape) != 3:
+            raise ValueError(
+                f"the cnn model takes images of shape (height, width, channels), got {tuple(obs_shape)}"
+            )
+        self.obs_shape = tuple(int(d) for d in obs_shape)
+        self.policy_trunk, width = self._trunk(conv, hidden, activation)
+        self.value_trunk = None if vf_share_layers else self._trunk(conv, hidden, activation)[0]
+        self.logits = _linear(width, num_outputs, 0.01)
+        self.value = _linear(width, 1, 1.0)
+
+    def _trunk(
+        self, conv: Sequence[Sequence[int]], hidden: Sequence[int], activation: str
+    ) -> tuple[nn.Sequential, int]:
+        height, width, channels = self.obs_shape
+        layers: list[nn.Module] = []
+        for index, (out_channels, kernel, stride) in enumerate(conv):
+            height, width = (height - kernel) // stride + 1, (width - kernel) // stride + 1
+            if height < 1 or width < 1:
+                raise ValueError(
+                    f"cnn conv layer {index} {list(conv[index])} (kernel {kernel}, stride {stride}) "
+                    f"leaves nothing of a {self.obs_shape[0]}x{self.obs_shape[1]} image; use "
+                    "fewer or smaller layers, or resize the images less"
+                )
+            layer = nn.Conv2d(channels, int(out_channels), int(kernel), int(stride))
+            nn.init.orthogonal_(layer.weight, math.sqrt(2.0))
+            nn.init.zeros_(layer.bias)
+            layers += [layer, _ACTIVATIONS[activation]()]
+            channels = int(out_channels)
+        dense, features = _mlp(channels * height * width, hidden, activation)
+        return nn.Sequential(*layers, nn.Flatten(), dense), features
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        images = obs.float() / 255.0 if obs.dtype == torch.uint8 else obs.float()
+        images = images.permute(0, 3, 1, 2)  # NHWC -> NCHW, as Conv2d wants
+        features = self.policy_trunk(images)
+        value_features = features if self.value_trunk is None else self.value_trunk(images)
+        return self.logits(features), self.value(value_features).squeeze(-1)
+
+
 def is_recurrent_model(model: nn.Module) -> bool:
     """Recurrent models declare their state by defining ``get_initial_state``."""
     return callable(getattr(model, "get_initial_state", None))
@@ -122,14 +184,39 @@ def _check_builtin(model_type: str, config: Mapping[str, Any]) -> None:
         raise ValueError(
             f"unknown model activation {activation!r}; expected one of {sorted(_ACTIVATIONS)}"
         )
+    conv = config.get("conv", NATURE_CONV)
+    if not (
+        isinstance(conv, Sequence)
+        and len(conv) > 0
+        and all(_is_conv_layer(layer) for layer in conv)
+    ):
+        raise ValueError(
+            f"cnn model conv must be a non-empty list of [out_channels, kernel, stride] "
+            f"integer triples >= 1, got {conv!r}"
+        )
 
 
-def build_model(config: Mapping[str, Any], obs_dim: int, num_outputs: int) -> nn.Module:
-    """The model described by ``config``: ``{type: mlp|lstm, ...}`` or ``{class: ..., **kwargs}``.
+def _is_conv_layer(layer: Any) -> bool:
+    if not (isinstance(layer, Sequence) and len(layer) == 3):
+        return False
+    return all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in layer)
+
+
+def build_model(
+    config: Mapping[str, Any],
+    obs_dim: int,
+    num_outputs: int,
+    obs_shape: Sequence[int] | None = None,
+) -> nn.Module:
+    """The model described by ``config``: ``{type: mlp|lstm|cnn, ...}`` or ``{class: ..., **kwargs}``.
+
+    ``obs_shape`` is the unflattened observation shape; the ``cnn`` model
+    needs it (an image, ``(H, W, C)``), the others take ``obs_dim``.
 
     Raises:
-        ValueError: unknown model type, unknown keys of a built-in model, or
-            an unknown activation; the message lists the choices.
+        ValueError: unknown model type, unknown keys of a built-in model, an
+            unknown activation, a malformed ``conv``, or ``cnn`` without an
+            image shape; the message lists the choices.
     """
     config = dict(config)
     if "class" in config:
@@ -147,5 +234,12 @@ def build_model(config: Mapping[str, Any], obs_dim: int, num_outputs: int) -> nn
         raise ValueError(f"unknown model type {model_type!r}; expected {_CHOICES}")
     _check_builtin(model_type, config)
     del config["type"]
+    if model_type == "cnn":
+        if obs_shape is None or len(obs_shape) != 3:
+            raise ValueError(
+                "model type 'cnn' needs image observations of shape (height, width, channels), "
+                f"got shape {None if obs_shape is None else tuple(obs_shape)}"
+            )
+        return CNNModel(obs_shape, num_outputs, **config)
     model_cls = MLPModel if model_type == "mlp" else LSTMModel
     return model_cls(obs_dim, num_outputs, **config)

@@ -41,8 +41,9 @@ class TorchPolicy(Policy):
     """Wraps a torch model with Discrete, MultiDiscrete or Box actions.
 
     Config keys: ``model`` (``{type: mlp, hidden, activation,
-    vf_share_layers}``, ``{type: lstm, hidden, activation, lstm_cell_size}``
-    or ``{class: "pkg.mod:Cls", **kwargs}``; see ``models``), ``device``
+    vf_share_layers}``, ``{type: lstm, hidden, activation, lstm_cell_size}``,
+    ``{type: cnn, conv, hidden, activation, vf_share_layers}`` or
+    ``{class: "pkg.mod:Cls", **kwargs}``; see ``models``), ``device``
     (``cpu | cuda | auto``), ``seed`` (seeds weight init and a private
     generator used only for sampling, so equal seeds give equal actions
     whatever else uses torch's global RNG), ``explore`` (default True),
@@ -50,6 +51,11 @@ class TorchPolicy(Policy):
     :meth:`postprocess_trajectory`) and ``view_requirements`` (declaring
     ``prev_actions`` / ``prev_rewards`` feeds those columns to the model,
     one-hot encoded for discrete actions, after the observation).
+
+    Observations: the ``cnn`` model takes image observations (a Box
+    ``(H, W, C)``, uint8 frames as the ObsPreprocessorConnector keeps them)
+    unflattened and in their own dtype; every other model takes them
+    flattened to float32 (images too, unscaled).
 
     Extra outputs: ``action_logp`` [n] (log-prob of the returned action under
     the masked distribution, also when not exploring), ``action_dist_inputs``
@@ -89,6 +95,7 @@ class TorchPolicy(Policy):
         self.device = resolve_device(self.config["device"])
 
         self._obs_dim = int(np.prod(observation_space.shape))
+        self._image_input = self._check_image_model(observation_space)
         input_dim = self._obs_dim
         if self._use_prev_actions:
             input_dim += action_feature_size(action_space)
@@ -98,7 +105,10 @@ class TorchPolicy(Policy):
         with seeded_cpu_rng(seed):
             self.action_head = make_action_head(action_space)
             self.model = build_model(
-                self.config["model"], input_dim, self.action_head.num_model_outputs
+                self.config["model"],
+                input_dim,
+                self.action_head.num_model_outputs,
+                obs_shape=observation_space.shape,
             )
         # One module, so that weights, devices and train/eval modes cover both parts.
         self.network = nn.ModuleDict({"model": self.model, "action_head": self.action_head})
@@ -115,6 +125,25 @@ class TorchPolicy(Policy):
             self._generator.seed()
         else:
             self._generator.manual_seed(int(seed))
+
+    def _check_image_model(self, observation_space: gym.spaces.Box) -> bool:
+        """Whether the model takes images unflattened (``cnn``); raises where it cannot."""
+        model = self.config["model"]
+        if not (isinstance(model, Mapping) and model.get("type") == "cnn"):
+            return False
+        if len(observation_space.shape) != 3:
+            raise ValueError(
+                f"model type 'cnn' needs image observations, a Box of shape (height, width, "
+                f"channels), but the policy's observation space is {observation_space}; use an "
+                "mlp model, or keep the env's uint8 frames (frame stacking puts frames on the "
+                "channel axis only for uint8 images)"
+            )
+        if self._use_prev_actions or self._use_prev_rewards:
+            raise ValueError(
+                "model type 'cnn' takes only the observation; drop prev_actions/prev_rewards "
+                "from the view requirements"
+            )
+        return True
 
     def get_initial_state(self) -> list[np.ndarray]:
         return [state.copy() for state in self._initial_state]
@@ -254,13 +283,20 @@ class TorchPolicy(Policy):
             self._generator.set_state(torch.from_numpy(np.asarray(state["sampler_rng_state"])))
 
     def _model_input(self, input_dict: Mapping[str, Any]) -> np.ndarray:
-        """Flat float32 ``[n, input_dim]``: obs, then the declared previous action/reward."""
-        obs = np.asarray(input_dict["obs"], dtype=np.float32)
+        """Flat float32 ``[n, input_dim]``: obs, then the declared previous action/reward.
+
+        For an image model: the obs ``[n, H, W, C]`` in the space's dtype (uint8
+        frames go to the model as they are; it scales them).
+        """
+        dtype = self.observation_space.dtype if self._image_input else np.float32
+        obs = np.asarray(input_dict["obs"], dtype=dtype)
         if obs.shape[1:] != self.observation_space.shape:
             raise ValueError(
                 f"obs rows have shape {obs.shape[1:]}, but the policy's observation space is "
                 f"{self.observation_space}"
             )
+        if self._image_input:
+            return obs
         parts = [obs.reshape(len(obs), self._obs_dim)]
         if self._use_prev_actions:
             prev_actions = _required_column(input_dict, "prev_actions", _VIEW_HINT)
