@@ -13,17 +13,29 @@ sharing). Each iteration:
    actions with ``TorchPolicy.evaluate``.
 3. ``runner.set_weights``: the new weights go back into the sampler.
 
+With ``--runners N`` the sampler is an ``EnvRunnerGroup``: N runners in Ray
+actors, each stepping the config's ``num_envs`` sub-envs, sample in parallel
+and ``group.sample()`` gathers one batch from each; the new weights go to
+all of them with ``group.sync_weights`` (one object-store put) and
+observation-filter statistics are merged with ``group.sync_connector_states``.
+The group's local runner holds the weights between iterations and is what
+checkpoints save. A local Ray is started for the run (and shut down at the
+end) unless this process is already connected to one or ``--address`` names
+a cluster.
+
 Writes to ``--run-dir``: ``progress.csv`` (a row per iteration),
 ``learning_curve.png``, ``summary.json`` (random vs trained mean episode
 reward) and ``checkpoints/`` (``marl_runner.save_checkpoint``).
 
     python examples/train_ppo.py --env simple_spread --total-env-steps 250000
+    python examples/train_ppo.py --env kaz --runners 2 --total-env-steps 50000
     python examples/train_ppo.py --smoke   # a few seconds: checks the pipeline runs
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import math
@@ -44,6 +56,7 @@ from marl_runner import (
     TorchPolicy,
     save_checkpoint,
 )
+from marl_runner.distributed import EnvRunnerGroup, ray_session
 from marl_runner.metrics_log import plot_learning_curve
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
@@ -86,6 +99,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--seed", type=int, default=1, help="seeds the envs, the weights and the minibatch order"
+    )
+    parser.add_argument(
+        "--runners",
+        type=int,
+        default=0,
+        help="sample with this many runners in Ray actors (an EnvRunnerGroup), each with "
+        "the config's num_envs sub-envs; 0: one runner in this process",
+    )
+    parser.add_argument(
+        "--address",
+        default=None,
+        help="with --runners: the Ray cluster to join (e.g. HEAD_IP:6379); default: the "
+        "running one, else a local Ray started for this run",
     )
     # How long
     parser.add_argument(
@@ -150,9 +176,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="stop a policy's update epochs early once its approx KL exceeds this",
     )
     args = parser.parse_args(argv)
+    if args.runners < 0:
+        parser.error(f"--runners {args.runners}: expected an int >= 0")
     if args.smoke:
         args.num_envs, args.fragment_length = 2, args.fragment_length or 30
-        args.total_env_steps, args.eval_episodes, args.checkpoint_every = 60, 2, 1
+        args.eval_episodes, args.checkpoint_every = 2, 1
+        args.total_env_steps = 60 * max(args.runners, 1)  # 3 iterations, runners or not
     return args
 
 
@@ -242,6 +271,27 @@ def ppo_update(
     return stats
 
 
+def make_sampler(
+    config: RunnerConfig, args: argparse.Namespace, stack: contextlib.ExitStack
+) -> tuple[EnvRunner, EnvRunnerGroup | None]:
+    """The runner whose weights training updates, and the group that samples for it
+    (None: that runner samples itself); both are stopped when ``stack`` closes."""
+    if not args.runners:
+        return stack.enter_context(EnvRunner(config)), None
+    stack.enter_context(
+        ray_session(args.address)
+    )  # shuts Ray down afterwards only if it started it
+    import ray
+
+    cpus = ray.cluster_resources().get("CPU", 1.0)  # more runners than CPUs: they share
+    group = EnvRunnerGroup(
+        config, args.runners, local_runner=True, num_cpus_per_runner=min(1.0, cpus / args.runners)
+    )
+    stack.enter_context(group)
+    print(f"sampling with {args.runners} runners in Ray actors", flush=True)
+    return group.local_runner, group
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     if (
@@ -255,53 +305,56 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     rng = np.random.default_rng(args.seed)
     print(f"run dir: {run_dir}", flush=True)
 
-    runner = EnvRunner(config)
-    spaces = runner.get_spaces()
-    # Learners are copies of the runner's policies: training never touches the sampler's
-    # weights directly, which is how it works with remote runners too.
-    learners = {
-        policy_id: TorchPolicy(*spaces[policy_id], policy.config)
-        for policy_id, policy in runner.policy_map.items()
-        if isinstance(policy, TorchPolicy)
-    }
-    for policy_id, learner in learners.items():
-        learner.set_weights(runner.policy_map[policy_id].get_weights())
-    optimizers = {
-        pid: torch.optim.Adam(lrn.parameters(), lr=args.lr, eps=1e-5)
-        for pid, lrn in learners.items()
-    }
+    with contextlib.ExitStack() as stack:
+        runner, group = make_sampler(config, args, stack)
+        sampler = runner if group is None else group
+        spaces = runner.get_spaces()
+        # Learners are copies of the runner's policies: training never touches the sampler's
+        # weights directly, which is how it works with remote runners too.
+        learners = {
+            policy_id: TorchPolicy(*spaces[policy_id], policy.config)
+            for policy_id, policy in runner.policy_map.items()
+            if isinstance(policy, TorchPolicy)
+        }
+        for policy_id, learner in learners.items():
+            learner.set_weights(runner.policy_map[policy_id].get_weights())
+        optimizers = {
+            pid: torch.optim.Adam(lrn.parameters(), lr=args.lr, eps=1e-5)
+            for pid, lrn in learners.items()
+        }
 
-    random_policies = {
-        pid: RandomPolicy(*space, {"seed": args.seed}) for pid, space in spaces.items()
-    }
-    random_reward = mean_episode_reward(config, args.eval_episodes, policies=random_policies)
-    print(
-        f"random policy: mean episode reward {random_reward:.2f} ({args.eval_episodes} episodes)",
-        flush=True,
-    )
+        random_policies = {
+            pid: RandomPolicy(*space, {"seed": args.seed}) for pid, space in spaces.items()
+        }
+        random_reward = mean_episode_reward(config, args.eval_episodes, policies=random_policies)
+        print(
+            f"random policy: mean episode reward {random_reward:.2f} ({args.eval_episodes} episodes)",
+            flush=True,
+        )
 
-    fieldnames = [
-        "iteration",
-        "env_steps",
-        "agent_steps",
-        "wall_s",
-        "sps",
-        "sample_s",
-        "train_s",
-        "episodes",
-        "episode_reward_mean",
-        "episode_len_mean",
-        "lr",
-    ]
-    fieldnames += [f"{pid}/{key}" for pid in learners for key in ("reward_mean", *STAT_KEYS)]
-    progress_file = (run_dir / "progress.csv").open("w", newline="", encoding="utf-8")
-    progress = csv.DictWriter(progress_file, fieldnames=fieldnames)
-    progress.writeheader()
-    rows: list[dict[str, Any]] = []
+        fieldnames = [
+            "iteration",
+            "env_steps",
+            "agent_steps",
+            "wall_s",
+            "sps",
+            "sample_s",
+            "train_s",
+            "episodes",
+            "episode_reward_mean",
+            "episode_len_mean",
+            "lr",
+        ]
+        fieldnames += [f"{pid}/{key}" for pid in learners for key in ("reward_mean", *STAT_KEYS)]
+        progress_file = stack.enter_context(
+            (run_dir / "progress.csv").open("w", newline="", encoding="utf-8")
+        )
+        progress = csv.DictWriter(progress_file, fieldnames=fieldnames)
+        progress.writeheader()
+        rows: list[dict[str, Any]] = []
 
-    env_steps = agent_steps = iteration = 0
-    start = time.perf_counter()
-    try:
+        env_steps = agent_steps = iteration = 0
+        start = time.perf_counter()
         while env_steps < args.total_env_steps:
             iteration += 1
             lr = args.lr * (1 - env_steps / args.total_env_steps) if args.anneal_lr else args.lr
@@ -309,8 +362,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 optimizer.param_groups[0]["lr"] = lr
 
             sample_start = time.perf_counter()
-            batch = runner.sample()
-            metrics = runner.get_metrics()
+            batch = sampler.sample()
+            metrics = sampler.get_metrics()
             env_steps += batch.env_steps()
             agent_steps += batch.agent_steps()
 
@@ -324,9 +377,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     stats.update(
                         {f"{policy_id}/{key}": value for key, value in policy_stats.items()}
                     )
-            runner.set_weights(
-                {policy_id: learner.get_weights() for policy_id, learner in learners.items()}
-            )
+            weights = {policy_id: learner.get_weights() for policy_id, learner in learners.items()}
+            if group is None:
+                runner.set_weights(weights)
+            else:
+                group.sync_weights(weights)  # the local runner and, with one put, every remote one
+                group.sync_connector_states()  # observation filters: merged statistics everywhere
             now = time.perf_counter()
 
             row = {
@@ -359,21 +415,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 save_checkpoint(runner, run_dir / "checkpoints" / f"iter_{iteration:05d}.ckpt")
         save_checkpoint(runner, run_dir / "checkpoints" / "final.ckpt")
         weights = runner.get_weights()
-    finally:
-        progress_file.close()
-        runner.stop()
     wall_s = time.perf_counter() - start
 
     trained_reward = mean_episode_reward(config, args.eval_episodes, weights=weights)
     print(
         f"trained policy: mean episode reward {trained_reward:.2f} ({args.eval_episodes} episodes)"
     )
-    plot_learning_curve(
-        rows,
-        run_dir / "learning_curve.png",
-        baselines={"random policy": random_reward, "trained, evaluated": trained_reward},
-        title=f"PPO on {env_name}: mean episode reward (all agents summed)",
-    )
+    if any(math.isfinite(row["episode_reward_mean"]) for row in rows):
+        plot_learning_curve(
+            rows,
+            run_dir / "learning_curve.png",
+            baselines={"random policy": random_reward, "trained, evaluated": trained_reward},
+            title=f"PPO on {env_name}: mean episode reward (all agents summed)",
+        )
+    else:
+        print("no episode finished during training: no learning curve to draw")
     summary = {
         "env": env_name,
         "env_steps": env_steps,

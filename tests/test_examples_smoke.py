@@ -1,4 +1,5 @@
-"""Examples run end to end in their --smoke mode, as a user would start them."""
+"""Examples run end to end with tiny counts, started as a user would: one command from the
+repository root (what they show is checked in tests/test_examples_copyable.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from marl_runner import restore_checkpoint
+from marl_runner import cli, restore_checkpoint
 from marl_runner.metrics_log import read_progress_csv
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,3 +49,41 @@ def test_train_ppo_smoke_writes_progress_plot_and_checkpoints(tmp_path) -> None:
     assert checkpoints == ["final.ckpt", "iter_00001.ckpt", "iter_00002.ckpt", "iter_00003.ckpt"]
     with restore_checkpoint(run_dir / "checkpoints" / "final.ckpt") as runner:
         assert "advantages" in runner.sample().policy_batches["shared"]
+
+
+# Each example's one command from its docstring, with small counts, and a line it must print.
+EXAMPLE_COMMANDS = {
+    "custom_connector": (
+        ["examples/custom_connector.py", "--steps", "40"],
+        "last column == min(t / 25, 1) on every row: True",
+    ),
+    "custom_mapping": (["examples/custom_mapping.py", "--episodes", "8"], "player_2 (second)"),
+    "custom_env": (
+        ["examples/custom_env.py", "--episodes", "2", "--max-steps", "30"],
+        "rewards conserved for all",
+    ),
+    "custom_metrics": (
+        ["examples/custom_metrics.py", "--episodes", "2", "--max-cycles", "40"],
+        "custom_metrics['archer_kills']",
+    ),
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", sorted(EXAMPLE_COMMANDS))
+def test_example_runs_in_one_command(name: str) -> None:
+    argv, expected = EXAMPLE_COMMANDS[name]
+    result = subprocess.run(
+        [sys.executable, *argv], cwd=REPO, capture_output=True, text=True, timeout=50
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert expected in result.stdout, result.stdout
+
+
+@pytest.mark.parametrize(
+    "config", ["hive", "kaz_custom_metrics", "simple_spread_time_feature", "tictactoe_vs_random"]
+)
+def test_example_configs_validate_from_the_cli(config: str, capsys, monkeypatch) -> None:
+    monkeypatch.chdir(REPO)  # as their comments say: run from the repository root
+    assert cli.main(["validate", f"examples/configs/{config}.yaml"]) == 0
+    assert "config OK" in capsys.readouterr().out
