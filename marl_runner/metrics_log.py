@@ -4,8 +4,9 @@ A record is one reporting interval: the dict ``get_metrics()`` returned
 (counts since the previous call), plus ``time``, ``elapsed_s`` and the
 cumulative ``env_steps`` / ``agent_steps`` so far, so a curve can be drawn
 over steps without summing. Non-finite floats are written as ``null`` (JSON
-has no NaN). Plotting imports matplotlib only when called, so sampling never
-needs it.
+has no NaN). ``RunMetrics`` logs a runner's or group's intervals and adds them
+up for the end-of-run summary. Plotting imports matplotlib only when called,
+so sampling never needs it.
 """
 
 from __future__ import annotations

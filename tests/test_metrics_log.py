@@ -11,6 +11,7 @@ import pytest
 from marl_runner import EnvRunner
 from marl_runner.metrics_log import (
     MetricsLogWriter,
+    RunMetrics,
     plot_learning_curve,
     read_metrics_log,
     read_progress_csv,
@@ -88,3 +89,79 @@ def test_plot_without_any_finite_value_names_the_columns(tmp_path) -> None:
     with pytest.raises(ValueError, match="episode_reward_mean"):
         plot_learning_curve(rows, tmp_path / "curve.png")
     assert not (tmp_path / "curve.png").exists()
+
+
+class InterruptedOnce(MetricsLogWriter):
+    """A log whose second write is hit by Ctrl-C after the metrics were read."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.calls = 0
+
+    def write(self, metrics, **fields):
+        self.calls += 1
+        if self.calls == 2:
+            raise KeyboardInterrupt
+        return super().write(metrics, **fields)
+
+
+def sample_polled(runner: EnvRunner, run: RunMetrics, samples: int) -> list[int]:
+    """Env steps of each sample, with a poll after each as the CLI does."""
+    steps = []
+    for _ in range(samples):
+        steps.append(runner.sample().env_steps())
+        run.poll()
+    return steps
+
+
+def test_run_metrics_log_intervals_and_sum_them_up(tmp_path) -> None:
+    path = tmp_path / "m.jsonl"
+    with EnvRunner(config(CHEAP, env_config={"num_agents": 3, "episode_len": 7})) as runner:
+        with MetricsLogWriter(path, interval_s=0) as log:
+            run = RunMetrics(runner.get_metrics, log)
+            steps = sample_polled(runner, run, 3)
+            summary = run.finish()  # nothing since the last poll: no empty last record
+    records = read_metrics_log(path)
+    assert [r["num_env_steps"] for r in records] == steps
+    assert summary["num_env_steps"] == sum(steps) == records[-1]["env_steps"]
+    assert summary["episodes"] == sum(r["episodes"] for r in records)
+    weighted = sum(r["episode_reward_mean"] * r["episodes"] for r in records) / summary["episodes"]
+    assert summary["episode_reward_mean"] == pytest.approx(weighted)
+    assert summary["episode_reward_min"] == min(r["episode_reward_min"] for r in records)
+
+
+def test_run_metrics_a_record_lost_to_ctrl_c_joins_the_last_one(tmp_path) -> None:
+    path = tmp_path / "m.jsonl"
+    with EnvRunner(config(CHEAP, env_config={"num_agents": 2, "episode_len": 5})) as runner:
+        with InterruptedOnce(path, interval_s=0) as log:
+            run = RunMetrics(runner.get_metrics, log)
+            first = sample_polled(runner, run, 1)
+            with pytest.raises(KeyboardInterrupt):
+                sample_polled(runner, run, 1)
+            last = runner.sample().env_steps()
+            run.finish()
+    records = read_metrics_log(path)
+    assert [r["num_env_steps"] for r in records] == [first[0], 2 * last]
+    assert records[-1]["env_steps"] == first[0] + 2 * last
+
+
+def test_run_metrics_of_a_group_keep_its_state_keys(tmp_path) -> None:
+    from marl_runner.distributed import EnvRunnerGroup
+
+    with EnvRunnerGroup(config(CHEAP, env_config={"num_agents": 2, "episode_len": 5})) as group:
+        run = RunMetrics(group.get_metrics, MetricsLogWriter(tmp_path / "m.jsonl", interval_s=0))
+        for _ in group.iter_batches(3):
+            run.poll()
+        summary = run.finish()
+        run.log.close()
+    assert summary["num_healthy_runners"] == 1 and summary["num_runner_restarts"] == 0
+    assert summary["num_env_steps"] == group.totals.env_steps
+
+
+def test_run_metrics_without_a_log_read_the_source_once() -> None:
+    with EnvRunner(config(CHEAP, env_config={"num_agents": 2, "episode_len": 5})) as runner:
+        run = RunMetrics(runner.get_metrics)
+        steps = sample_polled(runner, run, 2)
+        summary = run.finish()
+        assert summary["num_env_steps"] == sum(steps)
+        assert runner.get_metrics()["num_env_steps"] == 0
