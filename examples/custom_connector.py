@@ -76,6 +76,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if str(REPO) not in sys.path:  # the config names "examples.custom_connector:TimeFeature"
         sys.path.insert(0, str(REPO))
     from marl_runner import EnvRunner, RunnerConfig, check_batch_invariants
+    from marl_runner.checks import trajectory_rows
 
     config = RunnerConfig.from_yaml(args.config)
     with EnvRunner(config) as runner:
@@ -90,8 +91,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(
         f"policy observation: {policy_space.shape} {policy_space.dtype}  (last column: t / {horizon})"
     )
-    print(f"{'t':>4}  last obs column")
-    for row in range(0, min(len(rows), 30), 3):
+    first_trajectory = next(iter(trajectory_rows(rows).values()))
+    print(f"one agent's rows:\n{'t':>4}  last obs column")
+    for row in first_trajectory[::4]:
         print(f"{rows['t'][row]:4d}  {rows['obs'][row, -1]:.3f}")
     applied = bool(np.allclose(rows["obs"][:, -1], expected))
     print(f"{len(rows)} rows; last column == min(t / {horizon}, 1) on every row: {applied}")

@@ -202,8 +202,13 @@ def make_config(args: argparse.Namespace) -> RunnerConfig:
     return RunnerConfig.from_dict(data)
 
 
-def mean_episode_reward(config: RunnerConfig, episodes: int, **runner_kwargs: Any) -> float:
-    """Mean total reward (all agents summed) over at least ``episodes`` whole fresh episodes."""
+def evaluate(config: RunnerConfig, episodes: int, **runner_kwargs: Any) -> dict[str, Any]:
+    """``episode_reward_mean`` (all agents summed) and ``policy_reward_mean`` (per policy,
+    its agents summed) over at least ``episodes`` whole fresh episodes.
+
+    ``runner_kwargs`` go to ``EnvRunner`` (e.g. ``policies=``), except ``weights``,
+    which are set on the runner's policies before sampling.
+    """
     eval_config = config.with_overrides(
         ["batch_mode=complete_episodes", f"seed={config.seed + 10_000}"]
     )
@@ -212,7 +217,16 @@ def mean_episode_reward(config: RunnerConfig, episodes: int, **runner_kwargs: An
         if weights is not None:
             runner.set_weights(weights)
         runner.sample(num_episodes=episodes)
-        return float(runner.get_metrics()["episode_reward_mean"])
+        metrics = runner.get_metrics()
+    return {
+        "episode_reward_mean": float(metrics["episode_reward_mean"]),
+        "policy_reward_mean": dict(sorted(metrics["policy_reward_mean"].items())),
+    }
+
+
+def mean_episode_reward(config: RunnerConfig, episodes: int, **runner_kwargs: Any) -> float:
+    """Mean total reward (all agents summed) over at least ``episodes`` whole fresh episodes."""
+    return evaluate(config, episodes, **runner_kwargs)["episode_reward_mean"]
 
 
 def ppo_update(
@@ -326,9 +340,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         random_policies = {
             pid: RandomPolicy(*space, {"seed": args.seed}) for pid, space in spaces.items()
         }
-        random_reward = mean_episode_reward(config, args.eval_episodes, policies=random_policies)
+        random_eval = evaluate(config, args.eval_episodes, policies=random_policies)
+        random_reward = random_eval["episode_reward_mean"]
         print(
-            f"random policy: mean episode reward {random_reward:.2f} ({args.eval_episodes} episodes)",
+            f"random policy: mean episode reward {random_reward:.2f} ({args.eval_episodes} "
+            f"episodes), per policy {_rounded(random_eval['policy_reward_mean'])}",
             flush=True,
         )
 
@@ -417,9 +433,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         weights = runner.get_weights()
     wall_s = time.perf_counter() - start
 
-    trained_reward = mean_episode_reward(config, args.eval_episodes, weights=weights)
+    trained_eval = evaluate(config, args.eval_episodes, weights=weights)
+    trained_reward = trained_eval["episode_reward_mean"]
     print(
-        f"trained policy: mean episode reward {trained_reward:.2f} ({args.eval_episodes} episodes)"
+        f"trained policy: mean episode reward {trained_reward:.2f} ({args.eval_episodes} "
+        f"episodes), per policy {_rounded(trained_eval['policy_reward_mean'])}"
     )
     if any(math.isfinite(row["episode_reward_mean"]) for row in rows):
         plot_learning_curve(
@@ -440,10 +458,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "eval_episodes": args.eval_episodes,
         "random_episode_reward_mean": random_reward,
         "trained_episode_reward_mean": trained_reward,
+        "random_policy_reward_mean": random_eval["policy_reward_mean"],
+        "trained_policy_reward_mean": trained_eval["policy_reward_mean"],
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary, indent=2))
     return summary
+
+
+def _rounded(values: dict[str, float]) -> dict[str, float]:
+    return {key: round(value, 2) for key, value in values.items()}
 
 
 if __name__ == "__main__":

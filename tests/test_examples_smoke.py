@@ -44,6 +44,9 @@ def test_train_ppo_smoke_writes_progress_plot_and_checkpoints(tmp_path) -> None:
     assert summary["env_steps"] == rows[-1]["env_steps"]
     for key in ("random_episode_reward_mean", "trained_episode_reward_mean"):
         assert math.isfinite(summary[key])
+    for kind in ("random", "trained"):  # one shared policy: it earns the whole episode's reward
+        per_policy = summary[f"{kind}_policy_reward_mean"]
+        assert per_policy == {"shared": pytest.approx(summary[f"{kind}_episode_reward_mean"])}
 
     checkpoints = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     assert checkpoints == ["final.ckpt", "iter_00001.ckpt", "iter_00002.ckpt", "iter_00003.ckpt"]
