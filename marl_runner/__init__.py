@@ -22,6 +22,7 @@ _EXPORTS = {
     "concat_samples": "marl_runner.batch",
     "MultiAgentEpisode": "marl_runner.sampling.episode",
     "Callbacks": "marl_runner.callbacks",
+    "TensorBoardCallbacks": "marl_runner.tensorboard",
     "RolloutMetrics": "marl_runner.metrics",
     "Policy": "marl_runner.policy",
     "TorchPolicy": "marl_runner.policy",

@@ -10,7 +10,13 @@ import numpy as np
 import pytest
 
 from connectors import LambdaAgentConnector
-from marl_runner import EnvRunner, MultiAgentBatch, SubEnvError, check_batch_invariants
+from marl_runner import (
+    Callbacks,
+    EnvRunner,
+    MultiAgentBatch,
+    SubEnvError,
+    check_batch_invariants,
+)
 from marl_runner.checks import trajectory_rows
 from tests.runner_helpers import config
 
@@ -35,9 +41,16 @@ def test_keyboard_interrupt_inside_an_env_step_leaves_the_runner_usable(
     vectorize: str, tmp_path: Path
 ) -> None:
     cfg = config(
-        CRASHING, num_envs=1, vectorize=vectorize, rollout_fragment_length=2,
-        env_config={"crash_step": 7, "fault": "interrupt", "fault_token": str(tmp_path / "t"),
-                    "episode_len": 10},
+        CRASHING,
+        num_envs=1,
+        vectorize=vectorize,
+        rollout_fragment_length=2,
+        env_config={
+            "crash_step": 7,
+            "fault": "interrupt",
+            "fault_token": str(tmp_path / "t"),
+            "episode_len": 10,
+        },
     )
     with EnvRunner(cfg) as runner:
         with pytest.raises((KeyboardInterrupt, SubEnvError)):
@@ -62,12 +75,17 @@ def _raise_on_call(number: int) -> Any:
 
 
 def test_a_connector_error_mid_sample_loses_no_built_fragment() -> None:
-    cfg = config("marl_runner.envs.testing:CheapEnv", num_envs=2, rollout_fragment_length=3,
-                 env_config={"num_agents": 2, "episode_len": 7})
+    cfg = config(
+        "marl_runner.envs.testing:CheapEnv",
+        num_envs=2,
+        rollout_fragment_length=3,
+        env_config={"num_agents": 2, "episode_len": 7},
+    )
     with EnvRunner(cfg) as runner:
         runner.policy_map.entries["shared"].agent_pipeline.append(
-            LambdaAgentConnector(runner.policy_map.entries["shared"].agent_pipeline.ctx,
-                                 _raise_on_call(11))
+            LambdaAgentConnector(
+                runner.policy_map.entries["shared"].agent_pipeline.ctx, _raise_on_call(11)
+            )
         )
         with pytest.raises(RuntimeError, match="connector failure on call 11"):
             runner.sample(num_env_steps=60)
@@ -77,9 +95,39 @@ def test_a_connector_error_mid_sample_loses_no_built_fragment() -> None:
     assert_nothing_lost_or_repeated(batches)
 
 
+class _FailingOnce(Callbacks):
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def on_sample_end(self, **kwargs: Any) -> None:
+        self.calls += 1
+        if self.calls == 1:
+            raise RuntimeError("logger down")
+
+
+def test_an_on_sample_end_error_loses_no_batch() -> None:
+    cfg = config(
+        "marl_runner.envs.testing:CheapEnv",
+        num_envs=2,
+        rollout_fragment_length=5,
+        env_config={"num_agents": 2, "episode_len": 7},
+    )
+    with EnvRunner(cfg, callbacks=_FailingOnce()) as runner:
+        with pytest.raises(RuntimeError, match="logger down"):
+            runner.sample()
+        again = runner.sample()
+    assert again.env_steps() == 20  # the failed call's 2 fragments, then 2 new ones
+    assert_nothing_lost_or_repeated([again])
+
+
 def test_every_sub_env_crashing_every_episode_ends_with_an_error_not_a_loop() -> None:
-    cfg = config(CRASHING, num_envs=2, restart_failed_sub_environments=True,
-                 max_consecutive_step_failures=3, env_config={"crash_step": 2})
+    cfg = config(
+        CRASHING,
+        num_envs=2,
+        restart_failed_sub_environments=True,
+        max_consecutive_step_failures=3,
+        env_config={"crash_step": 2},
+    )
     with EnvRunner(cfg) as runner:
         with pytest.raises(SubEnvError, match=r"(?s)3 episodes in a row failed.*planned crash"):
             runner.sample(num_env_steps=1000)
@@ -89,19 +137,29 @@ def test_every_sub_env_crashing_every_episode_ends_with_an_error_not_a_loop() ->
 
 
 def test_resets_that_keep_failing_end_with_an_error_naming_the_sub_env() -> None:
-    cfg = config(CRASHING, num_envs=2, max_consecutive_reset_failures=4,
-                 env_config={"crash_step": None, "reset_crashes": 1000})
+    cfg = config(
+        CRASHING,
+        num_envs=2,
+        max_consecutive_reset_failures=4,
+        env_config={"crash_step": None, "reset_crashes": 1000},
+    )
     with EnvRunner(cfg) as runner:
         with pytest.raises(SubEnvError, match=r"sub-env \d: failed"):
             runner.sample(num_env_steps=100)
         for _ in range(2):  # each later call tries those sub-envs again: an error, not a hang
-            with pytest.raises(SubEnvError, match=r"(?s)sub-env \d: failed to reset \d+ times in a row"):
+            with pytest.raises(
+                SubEnvError, match=r"(?s)sub-env \d: failed to reset \d+ times in a row"
+            ):
                 runner.sample(num_env_steps=100)
 
 
 def test_an_episode_past_max_episode_steps_warns_once(caplog: pytest.LogCaptureFixture) -> None:
-    cfg = config("marl_runner.envs.testing:CheapEnv", num_envs=2, max_episode_steps=5,
-                 env_config={"num_agents": 2, "episode_len": 30})
+    cfg = config(
+        "marl_runner.envs.testing:CheapEnv",
+        num_envs=2,
+        max_episode_steps=5,
+        env_config={"num_agents": 2, "episode_len": 30},
+    )
     with caplog.at_level(logging.WARNING), EnvRunner(cfg) as runner:
         runner.sample(num_env_steps=80)
     warnings = [r for r in caplog.records if "max_episode_steps=5" in r.getMessage()]

@@ -230,10 +230,11 @@ class EnvRunner:
                 break
             if num_episodes is not None and self._fragments.built_episodes - start_episodes >= num_episodes:
                 break
-        self._unreturned_batches = []
         samples = concat_samples(batches)
         if "on_sample_end" in self._hooks:
+            # Before the batches are let go: if the hook raises, the next call returns them.
             self.callbacks.on_sample_end(runner=self, samples=samples)
+        self._unreturned_batches = []
         return samples
 
     def step(self) -> list:
