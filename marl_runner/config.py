@@ -88,7 +88,8 @@ MODEL_KEYS = {
         "Default: [[32, 8, 4], [64, 4, 2], [64, 3, 1]] (Nature CNN, for 84x84).",
         "hidden": "Dense layer sizes after the convolutions. Default: [512].",
         "activation": "tanh or relu. Default: relu.",
-        "vf_share_layers": "Policy and value share the conv and dense trunk. Default: true.",
+        "vf_share_layers": "One conv and dense trunk for policy and value (half the compute; "
+        "with large unclipped rewards the value loss can swamp the policy). Default: false.",
     },
 }
 MODEL_TYPES = tuple(MODEL_KEYS)

@@ -38,7 +38,7 @@ def test_nature_defaults_on_84x84_frames():
     ]
     dense = [m for m in model.policy_trunk.modules() if isinstance(m, torch.nn.Linear)]
     assert [(d.in_features, d.out_features) for d in dense] == [(64 * 7 * 7, 512)]
-    assert model.value_trunk is None  # policy and value share the trunk by default
+    assert model.value_trunk is not None  # separate policy and value trunks, as for mlp
     logits, value = model(torch.from_numpy(frames(2, gym.spaces.Box(0, 255, (84, 84, 4)))))
     assert logits.shape == (2, 6) and value.shape == (2,)
 
@@ -141,10 +141,10 @@ def test_actions_values_and_evaluate_on_uint8_frames():
     assert first_conv.weight.grad is not None and first_conv.weight.grad.abs().sum() > 0
 
 
-def test_separate_value_trunk_and_weights_round_trip():
-    policy = cnn_policy(vf_share_layers=False)
-    assert policy.model.value_trunk is not None
-    other = cnn_policy(vf_share_layers=False)
+def test_shared_trunk_and_weights_round_trip():
+    policy = cnn_policy(vf_share_layers=True)
+    assert policy.model.value_trunk is None
+    other = cnn_policy(vf_share_layers=True)
     other.set_weights({k: v + 0.5 for k, v in policy.get_weights().items()})
     obs = frames(4)
     assert not np.allclose(

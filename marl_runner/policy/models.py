@@ -125,7 +125,7 @@ class CNNModel(nn.Module):
         conv: Sequence[Sequence[int]] = NATURE_CONV,
         hidden: Sequence[int] = (512,),
         activation: str = "relu",
-        vf_share_layers: bool = True,
+        vf_share_layers: bool = False,
     ) -> None:
         super().__init__()
         if len(obs_shape) != 3:
