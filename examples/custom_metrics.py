@@ -1,8 +1,8 @@
 """Callbacks that add custom metrics to every episode of Knights-Archers-Zombies.
 
 Shows: ``KillStats``, a ``marl_runner.Callbacks`` subclass. ``on_episode_step``
-notes each round in which some agent ended (``episode.is_done``), keeping its
-notes in ``episode.user_data``; ``on_episode_end`` writes
+keeps the agents done so far (``episode.is_done``) in ``episode.user_data``;
+``on_episode_end`` writes
 ``episode.custom_metrics``: zombies killed by archers and by knights (each
 kill is a reward of 1 to the killer, summed from ``episode.agent_rewards``
 by policy) and how many agents were lost before the episode's last round.

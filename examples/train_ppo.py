@@ -292,11 +292,12 @@ def make_sampler(
     (None: that runner samples itself); both are stopped when ``stack`` closes."""
     if not args.runners:
         return stack.enter_context(EnvRunner(config)), None
-    stack.enter_context(
-        ray_session(args.address)
-    )  # shuts Ray down afterwards only if it started it
-    import ray
-
+    try:
+        import ray
+    except ImportError as err:
+        raise SystemExit(f"--runners needs Ray ({err}): pip install 'marl-runner[ray]'") from err
+    # Joins --address or a running Ray, else starts a local one; only that one is shut down.
+    stack.enter_context(ray_session(args.address))
     cpus = ray.cluster_resources().get("CPU", 1.0)  # more runners than CPUs: they share
     group = EnvRunnerGroup(
         config, args.runners, local_runner=True, num_cpus_per_runner=min(1.0, cpus / args.runners)
