@@ -111,7 +111,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--address",
         default=None,
         help="with --runners: the Ray cluster to join (e.g. HEAD_IP:6379); default: the "
-        "running one, else a local Ray started for this run",
+        "config's ray_address, else the running one, else a local Ray started for this run",
     )
     # How long
     parser.add_argument(
@@ -296,8 +296,9 @@ def make_sampler(
         import ray
     except ImportError as err:
         raise SystemExit(f"--runners needs Ray ({err}): pip install 'marl-runner[ray]'") from err
-    # Joins --address or a running Ray, else starts a local one; only that one is shut down.
-    stack.enter_context(ray_session(args.address))
+    # Joins --address (or the config's ray_address) or a running Ray, else starts a local
+    # one; only a Ray started here is shut down at the end.
+    stack.enter_context(ray_session(args.address or config.ray_address))
     cpus = ray.cluster_resources().get("CPU", 1.0)  # more runners than CPUs: they share
     group = EnvRunnerGroup(
         config, args.runners, local_runner=True, num_cpus_per_runner=min(1.0, cpus / args.runners)
