@@ -205,7 +205,7 @@ def _taps(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _apply_taps(
     pixels: np.ndarray, axis: int, index: np.ndarray, weights: np.ndarray
 ) -> np.ndarray:
-    """float32 ``pixels`` resized along ``axis`` (1: height, 2: width) of ``[n, H, W, C]``."""
+    """``pixels`` ``[n, H, W, C]`` resized along ``axis`` (1: height, 2: width), as float32."""
     shape = [1, 1, 1, 1]
     shape[axis] = len(index)
     resized = np.zeros(pixels.shape[:axis] + (len(index),) + pixels.shape[axis + 1 :], np.float32)
