@@ -134,3 +134,14 @@ def test_example_config_samples_and_takes_a_ppo_step():
         after = policy.get_weights()
         assert any(not np.array_equal(before[k], after[k]) for k in before)
         runner.sample()  # the updated weights keep sampling
+
+
+def test_subprocess_workers_hand_over_the_same_frames_as_sync():
+    """Frames that arrive through shared memory are copied before the next step reuses it."""
+    policy = {"policy_class": RANDOM_POLICY, "agent_connectors": SMALL_CHAIN}
+    policy["config"] = {"view_requirements": {"obs": {"frames": 2}}}
+    sync = sample_sorted(pistonball_config(policy), fragments=3)
+    workers = sample_sorted(pistonball_config(policy, vectorize="subprocess"), fragments=3)
+    for column in ("eps_id", "t", "actions", "obs", "new_obs"):
+        np.testing.assert_array_equal(workers[column], sync[column], err_msg=column)
+    assert workers["obs"].dtype == np.uint8
