@@ -195,7 +195,7 @@ def test_sample_agrees_with_validate(
     ("changes", "words"),
     [
         ({"num_env": 3}, ["run.yaml", "num_env: unknown key", "num_envs"]),
-        (archer(model={"type": "cnn"}), ["policies.archer.model.type", "'mlp'"]),
+        (archer(model={"type": "gru"}), ["policies.archer.model.type", "'mlp'"]),
         (
             {"callbacks": "no_such_module_xyz:Cb"},
             ["callbacks:", "no module named 'no_such_module_xyz'"],
