@@ -9,6 +9,7 @@ import torch
 
 from marl_runner import EnvRunner, SampleBatch, TorchPolicy
 from marl_runner.policy.action_heads import FLOAT_MIN
+from marl_runner.policy.sequences import sequence_lengths
 from tests.runner_helpers import config
 
 TESTING = "marl_runner.envs.testing"
@@ -127,7 +128,40 @@ def test_evaluate_errors_name_the_column() -> None:
     with pytest.raises(ValueError, match="'state_in_0'"):
         policy.evaluate(rows)
     state = np.zeros((2, 8), np.float32)
-    with pytest.raises(ValueError, match=r"seq_lens of 1.*\[2\]"):
+    with pytest.raises(
+        ValueError, match=r"seq_lens column must be ones.*\[2\].*evaluate\(batch, seq_lens="
+    ):
         policy.evaluate({**rows, "state_in_0": state, "state_in_1": state, "seq_lens": [2, 2]})
     with pytest.raises(ValueError, match="'actions'"):
         policy.evaluate({"obs": rows["obs"], "state_in_0": state, "state_in_1": state})
+
+
+def test_lstm_sequences_reproduce_the_stored_logp_and_carry_gradients_through_time() -> None:
+    policy, batch = _sampled("lstm-masked")
+    seq_lens = sequence_lengths(batch, max_seq_len=4)
+    assert seq_lens.sum() == len(batch) and seq_lens.max() == 4
+    # Carrying the state from each sequence's first row gives what sampling stored: the
+    # runner's state_in columns continue each agent's state step to step.
+    logp, _, values = policy.evaluate(batch, seq_lens=seq_lens)
+    np.testing.assert_allclose(logp.detach().numpy(), batch["action_logp"], atol=1e-5)
+    np.testing.assert_allclose(values.detach().numpy(), batch["vf_preds"], atol=1e-5)
+
+    # Changing the first obs of a sequence changes the next row's outputs only when unrolled.
+    first = int(np.flatnonzero(seq_lens >= 2)[0])
+    row = int(np.concatenate([[0], np.cumsum(seq_lens)])[first])
+    changed = SampleBatch(dict(batch))
+    changed["obs"] = batch["obs"].copy()
+    changed["obs"][row] += 1.0
+    _, _, unrolled = policy.evaluate(changed, seq_lens=seq_lens)
+    _, _, per_row = policy.evaluate(changed)
+    assert not np.isclose(float(unrolled[row + 1]), float(batch["vf_preds"][row + 1]), atol=1e-6)
+    assert np.isclose(float(per_row[row + 1]), float(batch["vf_preds"][row + 1]), atol=1e-5)
+
+
+def test_seq_lens_must_cover_the_rows() -> None:
+    policy, batch = _sampled("lstm-masked")
+    with pytest.raises(ValueError, match=f"summing to the {len(batch)} rows"):
+        policy.evaluate(batch, seq_lens=[len(batch) - 1])
+    mlp_policy, mlp_batch = _sampled("box")
+    logp, _, _ = mlp_policy.evaluate(mlp_batch, seq_lens=sequence_lengths(mlp_batch, 4))
+    np.testing.assert_allclose(logp.detach().numpy(), mlp_batch["action_logp"], atol=1e-5)

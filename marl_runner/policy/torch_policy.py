@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
@@ -15,6 +15,7 @@ from marl_runner.policy.action_spaces import action_feature_size, check_action_m
 from marl_runner.policy.base import Policy, PolicyOutput
 from marl_runner.policy.gae import compute_gae, parse_gae_config
 from marl_runner.policy.models import build_model, is_recurrent_model
+from marl_runner.policy.sequences import sequence_starts, unroll
 from marl_runner.policy.torch_utils import resolve_device, seeded_cpu_rng, to_numpy
 
 if TYPE_CHECKING:
@@ -187,26 +188,34 @@ class TorchPolicy(Policy):
         """Every trainable tensor: the model's and the action head's (Box ``log_std``)."""
         return self.network.parameters()
 
-    def evaluate(self, batch: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def evaluate(
+        self, batch: Mapping[str, Any], seq_lens: Sequence[int] | np.ndarray | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(logp, entropy, values)``, each ``[n]``, for the stored ``actions`` of ``batch``.
 
         One forward pass with gradients (call it outside inference mode) over
         the same inputs sampling used: ``obs``, the declared ``prev_actions`` /
         ``prev_rewards``, the ``action_mask`` column when present (masked
         actions get a log-prob near the lowest float and add no entropy) and,
-        for a recurrent model, the stored ``state_in_*`` columns. Every row
-        is its own sequence of length 1, which is what the runner stores
-        (``seq_lens`` all ones), so rows may be shuffled into minibatches;
-        gradients then do not flow back through time. With unchanged weights
-        ``logp`` equals the batch's ``action_logp``.
+        for a recurrent model, the stored ``state_in_*`` columns.
+
+        By default every row is its own sequence of length 1, as the runner
+        stores them, so rows may be shuffled into minibatches and gradients do
+        not flow back through time. For backpropagation through time pass
+        ``seq_lens``: the rows, in order, are that many consecutive steps each
+        (``marl_runner.policy.sequences.sequence_lengths`` cuts a batch into
+        one agent's runs); a recurrent model then starts each sequence from its
+        first row's stored state and carries its own state along it. Either
+        way, with unchanged weights ``logp`` equals the batch's ``action_logp``.
 
         Raises:
-            ValueError: a missing column, or ``seq_lens`` other than ones.
+            ValueError: a missing column, or ``seq_lens`` that do not cover the rows.
         """
         if "seq_lens" in batch and np.any(np.asarray(batch["seq_lens"]) != 1):
             raise ValueError(
-                "evaluate() takes rows with seq_lens of 1 (one step per row, as the runner "
-                f"stores them), got seq_lens {np.unique(np.asarray(batch['seq_lens'])).tolist()}"
+                "the batch's seq_lens column must be ones (one step per row, as the runner "
+                f"stores them), got {np.unique(np.asarray(batch['seq_lens'])).tolist()}; pass "
+                "sequences as evaluate(batch, seq_lens=...)"
             )
         model_input = self._model_input(batch)
         actions = _required_column(batch, "actions", "evaluate() scores the stored actions")
@@ -215,7 +224,18 @@ class TorchPolicy(Policy):
             if "action_mask" in batch
             else None
         )
-        model_out, values, _ = self._forward(model_input, self._state_inputs(batch))
+        states = self._state_inputs(batch)
+        if seq_lens is not None:
+            sequence_starts(seq_lens, len(model_input))  # checks they cover the rows
+        if seq_lens is not None and self._recurrent:
+            model_out, values = unroll(
+                self.model,
+                torch.from_numpy(model_input).to(self.device),
+                [torch.from_numpy(state).to(self.device) for state in states],
+                seq_lens,
+            )
+        else:
+            model_out, values, _ = self._forward(model_input, states)
         mask_t = None if mask is None else torch.from_numpy(mask).to(self.device)
         dist_inputs = self.action_head.distribution_inputs(model_out, mask_t)
         actions_t = torch.as_tensor(np.asarray(actions), device=self.device)
