@@ -81,13 +81,7 @@ def build_parser(description: str, run_name: str = "selfplay") -> argparse.Argum
         help="config override, as `marl-runner sample --set` (repeatable)",
     )
     parser.add_argument(
-        "--num-envs", type=int, default=None, help="sub-envs (default: the config's num_envs)"
-    )
-    parser.add_argument(
-        "--fragment-length",
-        type=int,
-        default=None,
-        help="the config's rollout_fragment_length (games are whole anyway: complete_episodes)",
+        "--num-envs", type=int, default=None, help="sub-envs; None: the config's num_envs"
     )
     parser.add_argument(
         "--seed", type=int, default=1, help="seeds the envs, the weights and the minibatch order"
@@ -105,13 +99,13 @@ def build_parser(description: str, run_name: str = "selfplay") -> argparse.Argum
     parser.add_argument(
         "--eval-every",
         type=int,
-        default=5,
+        default=10,
         help="play a short match against RandomPolicy every this many iterations (0: never)",
     )
     parser.add_argument(
         "--eval-games-during",
         type=int,
-        default=40,
+        default=100,
         help="games of each of those short matches (half in each seat)",
     )
     parser.add_argument(
@@ -124,21 +118,24 @@ def build_parser(description: str, run_name: str = "selfplay") -> argparse.Argum
         "--eval-explore",
         action=argparse.BooleanOptionalAction,
         default=False,
-        help="sample moves in the evaluation matches (default: the most likely allowed move)",
+        help="sample moves in the evaluation matches instead of taking the most likely allowed one",
     )
     parser.add_argument(
         "--run-dir",
         type=Path,
         default=None,
-        help=f"where progress.csv, the plot and summary.json go (default: runs/{run_name}-<time>)",
+        help=f"where progress.csv, the plot and summary.json go; None: runs/{run_name}-<time>",
     )
     parser.add_argument(
         "--smoke",
         action="store_true",
         help="tiny step counts, to check the whole pipeline runs in a few seconds (CI)",
     )
-    # PPO hyper-parameters, read by examples.train_ppo.ppo_update
-    parser.add_argument("--lr", type=float, default=3e-4, help="Adam learning rate")
+    # Whole games go into batches (batch_mode complete_episodes): no fragment length to set.
+    parser.set_defaults(fragment_length=None)  # read by examples.train_ppo.make_config
+    # PPO hyper-parameters, read by examples.train_ppo.ppo_update (CleanRL's defaults, except a
+    # higher learning rate, 8 minibatches and a small entropy bonus: measured on this game)
+    parser.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
     parser.add_argument(
         "--anneal-lr",
         action=argparse.BooleanOptionalAction,
@@ -150,7 +147,7 @@ def build_parser(description: str, run_name: str = "selfplay") -> argparse.Argum
         "--gae-lambda", type=float, default=0.95, help="GAE lambda, for the runner's GAE"
     )
     parser.add_argument("--update-epochs", type=int, default=4, help="passes over each batch")
-    parser.add_argument("--num-minibatches", type=int, default=4, help="minibatches per pass")
+    parser.add_argument("--num-minibatches", type=int, default=8, help="minibatches per pass")
     parser.add_argument("--clip-coef", type=float, default=0.2, help="PPO ratio clipping")
     parser.add_argument(
         "--norm-adv",
@@ -158,7 +155,7 @@ def build_parser(description: str, run_name: str = "selfplay") -> argparse.Argum
         default=True,
         help="normalise advantages per minibatch",
     )
-    parser.add_argument("--ent-coef", type=float, default=0.01, help="entropy bonus coefficient")
+    parser.add_argument("--ent-coef", type=float, default=0.001, help="entropy bonus coefficient")
     parser.add_argument("--vf-coef", type=float, default=0.5, help="value loss coefficient")
     parser.add_argument(
         "--max-grad-norm", type=float, default=0.5, help="global gradient norm clip"
