@@ -175,13 +175,14 @@ def main(argv: list[str] | None = None) -> dict[int, dict[str, dict[str, Any]]]:
     args = parser.parse_args(argv)
     if str(REPO) not in sys.path:  # the config names "examples.custom_env:Hive"
         sys.path.insert(0, str(REPO))
-    from marl_runner import EnvRunner, RunnerConfig
+    from marl_runner import EnvRunner, RunnerConfig, check_batch_invariants
 
     config = RunnerConfig.from_yaml(CONFIG).with_overrides(
         ["batch_mode=complete_episodes", f"env.config.max_steps={args.max_steps}"]
     )
     with EnvRunner(config) as runner:
         batch = runner.sample(num_episodes=args.episodes)
+    check_batch_invariants(batch)  # t from 0, new_obs[t] == obs[t + 1], flags on last rows only
     table = agent_table(batch)
 
     eps_id, agents = max(table.items(), key=lambda item: len(item[1]))

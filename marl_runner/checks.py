@@ -24,7 +24,9 @@ def trajectory_rows(batch: SampleBatch) -> dict[tuple[int, int], np.ndarray]:
     eps, agents = batch["eps_id"][order], batch["agent_index"][order]
     boundaries = np.flatnonzero((eps[1:] != eps[:-1]) | (agents[1:] != agents[:-1])) + 1
     groups = np.split(order, boundaries)
-    return {(int(batch["eps_id"][g[0]]), int(batch["agent_index"][g[0]])): g for g in groups if len(g)}
+    return {
+        (int(batch["eps_id"][g[0]]), int(batch["agent_index"][g[0]])): g for g in groups if len(g)
+    }
 
 
 def check_batch_invariants(
@@ -35,7 +37,8 @@ def check_batch_invariants(
     num_fragments: int | None = None,
 ) -> None:
     """Checks, per agent trajectory: t counts up by one (from 0 unless told otherwise),
-    ``new_obs[i] == obs[i + 1]``, done flags only on the last row and never both;
+    ``new_obs[i] == obs[i + 1]``, done flags only on the last row (both may be set
+    there: an agent that ends itself in the round a time limit ends the episode);
     with ``rollout_fragment_length`` (env-step counting, truncate mode) also
     that the batch covers exactly ``num_fragments`` fragments of that length.
     """
@@ -66,9 +69,6 @@ def _problems(batch: SampleBatch, t_from_zero: bool) -> list[str]:
     if not len(batch):
         return problems
     done = batch["terminateds"] | batch["truncateds"]
-    both = batch["terminateds"] & batch["truncateds"]
-    if both.any():
-        problems.append(f"{int(both.sum())} rows are both terminated and truncated")
     for (eps_id, agent_index), rows in trajectory_rows(batch).items():
         where = f"episode {eps_id} agent {agent_index}"
         t = batch["t"][rows]

@@ -173,6 +173,8 @@ def metrics_table(metrics: Mapping[str, Any]) -> Table:
     for policy_id, reward in sorted((metrics.get("policy_reward_mean") or {}).items()):
         # Text, not markup: "[archer]" would otherwise be read as a style tag and vanish.
         table.add_row(Text(f"policy_reward_mean[{policy_id}]"), _format_float(reward))
+    for name, value in sorted((metrics.get("custom_metrics") or {}).items()):
+        table.add_row(Text(f"custom_metrics[{name}]"), _format_float(value))
     table.add_section()
     table.add_row("env steps", _format_int(metrics.get("num_env_steps")))
     table.add_row("agent steps", _format_int(metrics.get("num_agent_steps")))

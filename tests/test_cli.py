@@ -405,3 +405,22 @@ def test_metrics_table_with_no_finished_episode() -> None:
     )
     Console(file=buffer, width=120).print(metrics_table(metrics))
     assert "n/a" in buffer.getvalue()
+
+
+def test_metrics_table_lists_custom_metrics(capsys: pytest.CaptureFixture) -> None:
+    assert (
+        main(
+            [
+                "sample",
+                "examples/configs/kaz_custom_metrics.yaml",
+                "--episodes",
+                "2",
+                "--set",
+                "env.config.max_cycles=40",
+            ]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    for name in ("archer_kills", "knight_kills", "agents_lost"):
+        assert f"custom_metrics[{name}]" in out
