@@ -50,7 +50,6 @@ import torch
 
 from marl_runner import (
     EnvRunner,
-    RandomPolicy,
     RunnerConfig,
     SampleBatch,
     TorchPolicy,
@@ -339,10 +338,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for pid, lrn in learners.items()
         }
 
-        random_policies = {
-            pid: RandomPolicy(*space, {"seed": args.seed}) for pid, space in spaces.items()
-        }
-        random_eval = evaluate(config, args.eval_episodes, policies=random_policies)
+        # The same policies acting at random: each keeps its connector chains (frame stacks,
+        # resizes), so it sees what the trained one sees.
+        random_data = config.to_dict()
+        for spec in random_data["policies"].values():
+            spec["policy_class"] = "RandomPolicy"
+        random_eval = evaluate(RunnerConfig.from_dict(random_data), args.eval_episodes)
         random_reward = random_eval["episode_reward_mean"]
         print(
             f"random policy: mean episode reward {random_reward:.2f} ({args.eval_episodes} "
