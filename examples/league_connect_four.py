@@ -48,10 +48,10 @@ from examples.selfplay_connect_four import (  # noqa: E402
     build_parser,
     finish_args,
     match_vs_random,
+    plot_win_rates,
 )
 from examples.train_ppo import STAT_KEYS, make_config, ppo_update  # noqa: E402
 from marl_runner import Callbacks, EnvRunner, RunnerConfig, TorchPolicy  # noqa: E402
-from marl_runner.metrics_log import plot_learning_curve  # noqa: E402
 
 LEARNER = "learner"
 IterationHook = Callable[[int, EnvRunner, list[str], TorchPolicy], None]
@@ -276,10 +276,16 @@ def main(
             + "  ".join(f"{o} {result[o]:.3f}" for o in OUTCOMES)
             + f"  ({result['games']} games)"
         )
-    plot_learning_curve(
+    print(f"vs RandomPolicy overall: win {final['win']:.3f} over {final['games']} games")
+    plot_win_rates(
         rows,
         run_dir / "win_rate_vs_pool.png",
-        y=["pool_win", "pool_loss", "vs_random_win"],
+        {
+            "win % vs the pool": "pool_win",
+            "loss % vs the pool": "pool_loss",
+            f"win % vs RandomPolicy ({args.eval_games_during} games)": "vs_random_win",
+        },
+        {f"final match vs RandomPolicy, {final['games']} games": final["win"]},
         title="Connect Four league: the learner against its pool of snapshots",
     )
     summary = {

@@ -22,8 +22,8 @@ At the end the trained policy plays ``--eval-games`` games against
 reported per seat. Every row the trained policy plays is checked: the
 chosen column must be allowed by the row's action mask.
 
-Writes to ``--run-dir``: ``progress.csv``, ``learning_curve.png`` (win rate
-against RandomPolicy over env steps), ``summary.json`` and ``final.ckpt`` (a
+Writes to ``--run-dir``: ``progress.csv``, ``learning_curve.png`` (win % against
+RandomPolicy over env steps, with the untrained policy's and the final match's), ``summary.json`` and ``final.ckpt`` (a
 runner checkpoint: ``marl_runner.restore_checkpoint``).
 
     python examples/selfplay_connect_four.py --total-env-steps 300000
@@ -298,6 +298,27 @@ def match_vs_random(
     return {**overall, "games": total, "per_seat": per_seat}
 
 
+def plot_win_rates(
+    rows: list[dict[str, Any]],
+    path: Path,
+    lines: dict[str, str],
+    baselines: dict[str, float],
+    title: str,
+) -> None:
+    """Plots ``lines`` (label -> progress column holding a rate) and ``baselines`` in percent."""
+    percent_rows = [
+        {"env_steps": row["env_steps"], **{label: 100 * row[col] for label, col in lines.items()}}
+        for row in rows
+    ]
+    plot_learning_curve(
+        percent_rows,
+        path,
+        y=list(lines),
+        baselines={label: 100 * rate for label, rate in baselines.items()},
+        title=title,
+    )
+
+
 # ---------------------------------------------------------------- training
 
 
@@ -326,6 +347,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     progress = csv.DictWriter(progress_file, fieldnames=fieldnames)
     progress.writeheader()
     rows: list[dict[str, Any]] = []
+
+    untrained = match_vs_random(
+        config, learner.get_weights(), args.eval_games_during, args.eval_explore, seed=args.seed
+    )
+    print(f"untrained policy vs RandomPolicy: win {untrained['win']:.2f}", flush=True)
 
     env_steps = games = iteration = 0
     start = time.perf_counter()
@@ -398,12 +424,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "rows, every move allowed by its mask)"
         )
     print(f"vs RandomPolicy overall: win {final['win']:.3f} over {final['games']} games")
-    plot_learning_curve(
+    plot_win_rates(
         rows,
         run_dir / "learning_curve.png",
-        y="vs_random_win",
-        baselines={"final match": final["win"]},
-        title="Connect Four self-play PPO: win rate against RandomPolicy",
+        {f"win % ({args.eval_games_during} games)": "vs_random_win"},
+        {
+            "untrained policy": untrained["win"],
+            f"final match, {final['games']} games": final["win"],
+        },
+        title="Connect Four self-play PPO: win % against RandomPolicy",
     )
     summary = {
         "config": str(args.config),
@@ -413,6 +442,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "train_wall_s": round(train_wall_s, 1),
         "sps": round(env_steps / train_wall_s, 1),
         "eval_explore": args.eval_explore,
+        "untrained_vs_random_win": untrained["win"],
         "vs_random": final,
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
