@@ -90,3 +90,21 @@ def test_example_configs_validate_from_the_cli(config: str, capsys, monkeypatch)
     monkeypatch.chdir(REPO)  # as their comments say: run from the repository root
     assert cli.main(["validate", f"examples/configs/{config}.yaml"]) == 0
     assert "config OK" in capsys.readouterr().out
+
+
+@pytest.mark.timeout(120)
+def test_train_ppo_trains_a_cnn_on_pistonball_frames_in_smoke_mode(tmp_path) -> None:
+    run_dir = tmp_path / "pistonball"
+    result = subprocess.run(
+        [sys.executable, "examples/train_ppo.py", "--env", "pistonball", "--smoke"]
+        + ["--run-dir", str(run_dir)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = read_progress_csv(run_dir / "progress.csv")
+    assert rows and all(math.isfinite(row["shared/value_loss"]) for row in rows)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert math.isfinite(summary["random_episode_reward_mean"])
