@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from marl_runner import Callbacks, EnvRunner, RunnerConfig, check_batch_invariants
+from marl_runner import Callbacks, EnvRunner, RunnerConfig, TorchPolicy, check_batch_invariants
 
 MLP = {"model": {"type": "mlp", "hidden": [16]}}
 
@@ -152,5 +152,30 @@ def test_a_policy_added_with_its_spaces_is_built_and_playable_at_once() -> None:
         runner.remove_policy("snap_a")
         policy_batches = finish_games(runner)
         assert "snap_c" in policy_batches
-        for name, value in runner.get_weights()["snap_c"].items():
-            np.testing.assert_array_equal(value, runner.get_weights()["learner"][name])
+        assert_same_weights(runner.get_weights()["snap_c"], runner.get_weights()["learner"])
+
+
+def assert_same_weights(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        np.testing.assert_array_equal(np.asarray(a[name]), np.asarray(b[name]), err_msg=name)
+
+
+def test_a_ready_made_policy_added_before_any_agent_maps_to_it_plays_the_env() -> None:
+    """Its connectors are first built for its own (flattened) space; the first agent that
+    maps to it brings the env's Dict space, and they are rebuilt for it, weights kept."""
+    pool = ["snap_a"]
+    mapping = PoolMapping(pool)
+    with make_runner(mapping) as runner:
+        learner = runner.policy_map["learner"]
+        frozen = TorchPolicy(learner.observation_space, learner.action_space, learner.config)
+        frozen.set_weights(learner.get_weights())
+        assert runner.add_policy("frozen", frozen) is frozen
+        pool[:] = ["frozen"]
+        runner.remove_policy("snap_a")
+        policy_batches = finish_games(runner)
+        assert runner.policy_map["frozen"] is frozen
+        assert (
+            policy_batches["frozen"]["obs"].shape[1:] == policy_batches["learner"]["obs"].shape[1:]
+        )
+        assert_same_weights(frozen.get_weights(), learner.get_weights())

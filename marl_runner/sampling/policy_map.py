@@ -42,6 +42,9 @@ class PolicyMap(Mapping[str, Policy]):
         self._config = runner_config
         self._context = mapping_context
         self.entries: dict[str, PolicyEntry] = {}
+        # Ready-made policies built before any agent mapped to them: their connectors
+        # were built for the policy's own spaces, which may not be the env's.
+        self._built_for_own_spaces: set[str] = set()
         # A live view: policies added later are valid mapping results too.
         self._mapping_fn = make_policy_mapping_fn(mapping_fn, self._specs.keys())
         self._build_mapped(self._specs)
@@ -79,8 +82,14 @@ class PolicyMap(Mapping[str, Policy]):
     def entry_for(self, policy_id: str, agent_id: Any) -> PolicyEntry:
         """The policy's entry, built now with ``agent_id``'s spaces if it is not yet."""
         entry = self.entries.get(policy_id)
-        if entry is None:
+        if entry is None or policy_id in self._built_for_own_spaces:
             obs_space, act_space = self._spaces_of(agent_id)
+            if entry is not None:
+                self._built_for_own_spaces.discard(policy_id)
+                if entry.original_observation_space == obs_space:
+                    return entry
+                # Same policy object (weights kept), connectors rebuilt for the agent's spaces.
+                entry.policy.agent_connectors = entry.policy.action_connectors = None
             entry = self._build(policy_id, self._specs[policy_id], obs_space, act_space, agent_id)
         return entry
 
@@ -91,6 +100,7 @@ class PolicyMap(Mapping[str, Policy]):
         if policy_id in self._specs:
             raise ValueError(f"policy id {policy_id!r} already exists")
         self._specs[policy_id] = spec
+        self._built_for_own_spaces.discard(policy_id)
         if mapping_fn is not None:
             self.set_mapping_fn(mapping_fn)
         self._build_mapped({policy_id: spec})
@@ -126,6 +136,8 @@ class PolicyMap(Mapping[str, Policy]):
                 self._build(policy_id, spec, obs_space, act_space, agent_id)
             elif isinstance(spec, Policy) or (spec.get("observation_space") and spec.get("action_space")):
                 self._build(policy_id, spec, None, None, None)
+                if isinstance(spec, Policy):
+                    self._built_for_own_spaces.add(policy_id)
 
     def _build(
         self, policy_id: str, spec: Any, obs_space: Any, act_space: Any, agent_id: Any
