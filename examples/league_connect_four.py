@@ -43,12 +43,13 @@ if str(REPO) not in sys.path:  # run as a script: make `examples.*` importable
     sys.path.insert(0, str(REPO))
 
 from examples.selfplay_connect_four import (  # noqa: E402
-    OUTCOMES,
     SEATS,
     build_parser,
+    final_matches,
     finish_args,
     match_vs_random,
     plot_win_rates,
+    print_matches,
 )
 from examples.train_ppo import STAT_KEYS, make_config, ppo_update  # noqa: E402
 from marl_runner import Callbacks, EnvRunner, RunnerConfig, TorchPolicy  # noqa: E402
@@ -190,6 +191,7 @@ def main(
     runner = EnvRunner(config, policy_mapping_fn=matchmaker, callbacks=results)
     learner = TorchPolicy(*runner.get_spaces()[LEARNER], runner.policy_map[LEARNER].config)
     learner.set_weights(runner.get_weights()[LEARNER])
+    untrained_weights = learner.get_weights()
     optimizer = torch.optim.Adam(learner.parameters(), lr=args.lr, eps=1e-5)
 
     fieldnames = ["iteration", "env_steps", "wall_s", "sps", "learner_rows", "lr"]
@@ -248,7 +250,7 @@ def main(
                     config,
                     learner.get_weights(),
                     args.eval_games_during,
-                    args.eval_explore,
+                    explore=True,
                     seed=args.seed + 1000 * iteration,
                 )["win"]
             progress.writerow(row)
@@ -267,16 +269,10 @@ def main(
         runner.stop()
     train_wall_s = time.perf_counter() - start
 
-    final = match_vs_random(
-        config, learner.get_weights(), args.eval_games, args.eval_explore, seed=args.seed + 10_000
+    final = final_matches(
+        config, learner.get_weights(), untrained_weights, args.eval_games, args.seed + 10_000
     )
-    for seat, result in final["per_seat"].items():
-        print(
-            f"vs RandomPolicy as {seat}: "
-            + "  ".join(f"{o} {result[o]:.3f}" for o in OUTCOMES)
-            + f"  ({result['games']} games)"
-        )
-    print(f"vs RandomPolicy overall: win {final['win']:.3f} over {final['games']} games")
+    print_matches(final)
     plot_win_rates(
         rows,
         run_dir / "win_rate_vs_pool.png",
@@ -285,7 +281,10 @@ def main(
             "loss % vs the pool": "pool_loss",
             f"win % vs RandomPolicy ({args.eval_games_during} games)": "vs_random_win",
         },
-        {f"final match vs RandomPolicy, {final['games']} games": final["win"]},
+        {
+            "untrained vs RandomPolicy, sampled": final["untrained_sampled"]["win"],
+            "trained vs RandomPolicy, sampled": final["trained_sampled"]["win"],
+        },
         title="Connect Four league: the learner against its pool of snapshots",
     )
     summary = {
@@ -296,7 +295,6 @@ def main(
         "pool": list(matchmaker.pool),
         "train_wall_s": round(train_wall_s, 1),
         "sps": round(env_steps / train_wall_s, 1),
-        "eval_explore": args.eval_explore,
         "vs_random": final,
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

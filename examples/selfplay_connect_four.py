@@ -23,7 +23,7 @@ reported per seat. Every row the trained policy plays is checked: the
 chosen column must be allowed by the row's action mask.
 
 Writes to ``--run-dir``: ``progress.csv``, ``learning_curve.png`` (win % against
-RandomPolicy over env steps, with the untrained policy's and the final match's), ``summary.json`` and ``final.ckpt`` (a
+RandomPolicy over env steps, the final matches as reference lines), ``summary.json`` and ``final.ckpt`` (a
 runner checkpoint: ``marl_runner.restore_checkpoint``).
 
     python examples/selfplay_connect_four.py --total-env-steps 300000
@@ -100,7 +100,8 @@ def build_parser(description: str, run_name: str = "selfplay") -> argparse.Argum
         "--eval-every",
         type=int,
         default=10,
-        help="play a short match against RandomPolicy every this many iterations (0: never)",
+        help="play a short match against RandomPolicy every this many iterations, moves "
+        "sampled as in training (0: never)",
     )
     parser.add_argument(
         "--eval-games-during",
@@ -113,12 +114,6 @@ def build_parser(description: str, run_name: str = "selfplay") -> argparse.Argum
         type=int,
         default=200,
         help="games of the final match against RandomPolicy (half in each seat)",
-    )
-    parser.add_argument(
-        "--eval-explore",
-        action=argparse.BooleanOptionalAction,
-        default=False,
-        help="sample moves in the evaluation matches instead of taking the most likely allowed one",
     )
     parser.add_argument(
         "--run-dir",
@@ -298,6 +293,35 @@ def match_vs_random(
     return {**overall, "games": total, "per_seat": per_seat}
 
 
+def final_matches(
+    config: RunnerConfig, trained: dict[str, Any], untrained: dict[str, Any], games: int, seed: int
+) -> dict[str, dict[str, Any]]:
+    """The trained and the untrained weights against RandomPolicy, taking the most likely
+    allowed move (``greedy``) and sampling (``sampled``); same games and seeds for all four.
+
+    The untrained rows are the reference: a greedy untrained network tends to stack
+    discs in one column, which already beats a random player most of the time.
+    """
+    return {
+        f"{who}_{mode}": match_vs_random(config, weights, games, mode == "sampled", seed)
+        for who, weights in (("trained", trained), ("untrained", untrained))
+        for mode in ("greedy", "sampled")
+    }
+
+
+def print_matches(matches: dict[str, dict[str, Any]]) -> None:
+    for name, match in matches.items():
+        seats = "  ".join(
+            f"as {seat}: {r['win']:.3f}/{r['draw']:.3f}/{r['loss']:.3f}"
+            for seat, r in match["per_seat"].items()
+        )
+        print(
+            f"{name:17s} vs RandomPolicy, win/draw/loss over {match['games']} games: "
+            f"{match['win']:.3f}/{match['draw']:.3f}/{match['loss']:.3f}  ({seats})"
+        )
+    print("every move of every match was allowed by its action mask")
+
+
 def plot_win_rates(
     rows: list[dict[str, Any]],
     path: Path,
@@ -348,11 +372,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     progress.writeheader()
     rows: list[dict[str, Any]] = []
 
-    untrained = match_vs_random(
-        config, learner.get_weights(), args.eval_games_during, args.eval_explore, seed=args.seed
-    )
-    print(f"untrained policy vs RandomPolicy: win {untrained['win']:.2f}", flush=True)
-
+    untrained_weights = learner.get_weights()
     env_steps = games = iteration = 0
     start = time.perf_counter()
     try:
@@ -391,7 +411,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     config,
                     learner.get_weights(),
                     args.eval_games_during,
-                    args.eval_explore,
+                    explore=True,
                     seed=args.seed + 1000 * iteration,
                 )
                 row["vs_random_win"], row["vs_random_loss"] = match["win"], match["loss"]
@@ -414,23 +434,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         runner.stop()
     train_wall_s = time.perf_counter() - start
 
-    final = match_vs_random(
-        config, learner.get_weights(), args.eval_games, args.eval_explore, seed=args.seed + 10_000
+    final = final_matches(
+        config, learner.get_weights(), untrained_weights, args.eval_games, args.seed + 10_000
     )
-    for seat, result in final["per_seat"].items():
-        print(
-            f"vs RandomPolicy as {seat}: win {result['win']:.3f}  draw {result['draw']:.3f}  "
-            f"loss {result['loss']:.3f}  ({result['games']} games, {result['rows_checked']} "
-            "rows, every move allowed by its mask)"
-        )
-    print(f"vs RandomPolicy overall: win {final['win']:.3f} over {final['games']} games")
+    print_matches(final)
     plot_win_rates(
         rows,
         run_dir / "learning_curve.png",
-        {f"win % ({args.eval_games_during} games)": "vs_random_win"},
+        {f"sampled moves, {args.eval_games_during} games": "vs_random_win"},
         {
-            "untrained policy": untrained["win"],
-            f"final match, {final['games']} games": final["win"],
+            "untrained, sampled": final["untrained_sampled"]["win"],
+            "untrained, greedy": final["untrained_greedy"]["win"],
+            "trained, sampled": final["trained_sampled"]["win"],
+            "trained, greedy": final["trained_greedy"]["win"],
         },
         title="Connect Four self-play PPO: win % against RandomPolicy",
     )
@@ -441,8 +457,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "iterations": iteration,
         "train_wall_s": round(train_wall_s, 1),
         "sps": round(env_steps / train_wall_s, 1),
-        "eval_explore": args.eval_explore,
-        "untrained_vs_random_win": untrained["win"],
         "vs_random": final,
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

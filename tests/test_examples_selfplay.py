@@ -24,6 +24,21 @@ def check_rates(result: dict, games: int) -> None:
     assert all(math.isclose(rate * games, round(rate * games)) for rate in rates), result
 
 
+def check_final_matches(matches: dict, games: int) -> None:
+    """Trained and untrained, greedy and sampled: each ``games`` games, half in each seat."""
+    assert set(matches) == {
+        "trained_greedy",
+        "trained_sampled",
+        "untrained_greedy",
+        "untrained_sampled",
+    }
+    for match in matches.values():
+        check_rates(match, games)
+        for seat in ("player_0", "player_1"):
+            check_rates(match["per_seat"][seat], games // 2)
+            assert match["per_seat"][seat]["rows_checked"] > 0
+
+
 @pytest.mark.timeout(120)
 def test_selfplay_smoke_trains_one_shared_policy_and_reports_per_seat(tmp_path, capsys) -> None:
     run_dir = tmp_path / "selfplay"
@@ -40,11 +55,7 @@ def test_selfplay_smoke_trains_one_shared_policy_and_reports_per_seat(tmp_path, 
     assert (run_dir / "learning_curve.png").read_bytes().startswith(PNG_SIGNATURE)
     assert json.loads((run_dir / "summary.json").read_text()) == summary
 
-    final = summary["vs_random"]
-    check_rates(final, 8)
-    for seat in ("player_0", "player_1"):
-        check_rates(final["per_seat"][seat], 4)
-        assert final["per_seat"][seat]["rows_checked"] > 0
+    check_final_matches(summary["vs_random"], games=8)
     with restore_checkpoint(run_dir / "final.ckpt") as runner:
         assert list(runner.policy_map) == ["shared"]  # both seats, one policy
 
@@ -129,4 +140,4 @@ def test_league_smoke_keeps_the_pool_capped_and_trains_only_the_learner(tmp_path
             )
     assert sum(row["pool_games"] for row in rows) > 0
     assert (run_dir / "win_rate_vs_pool.png").read_bytes().startswith(PNG_SIGNATURE)
-    check_rates(summary["vs_random"], 8)
+    check_final_matches(summary["vs_random"], games=8)
