@@ -234,7 +234,7 @@ def main(
                 "iteration": iteration,
                 "env_steps": env_steps,
                 "wall_s": round(now - start, 3),
-                "sps": round(env_steps / (now - start), 1),  # moves/s, sampling + training
+                "sps": round(env_steps / (now - start), 1),  # moves/s: sampling, training, matches
                 "learner_rows": len(learner_rows),
                 "lr": lr,
                 **results.pop_rates(),

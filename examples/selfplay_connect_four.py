@@ -17,14 +17,16 @@ both sides. Each iteration:
    against ``RandomPolicy`` is logged (the self-play reward itself is always
    0: one side's win is the other's loss).
 
-At the end the trained policy plays ``--eval-games`` games against
-``RandomPolicy``, half in each seat, and the win/draw/loss rates are
-reported per seat. Every row the trained policy plays is checked: the
-chosen column must be allowed by the row's action mask.
+At the end the trained weights, and for reference the untrained ones, play
+``--eval-games`` games against ``RandomPolicy``, half in each seat, once
+taking the most likely allowed move and once sampling; win/draw/loss rates
+are reported per seat. Every row of these matches is checked: the chosen
+column must be allowed by the row's action mask.
 
-Writes to ``--run-dir``: ``progress.csv``, ``learning_curve.png`` (win % against
-RandomPolicy over env steps, the final matches as reference lines), ``summary.json`` and ``final.ckpt`` (a
-runner checkpoint: ``marl_runner.restore_checkpoint``).
+Writes to ``--run-dir``: ``progress.csv``, ``learning_curve.png`` (win %
+against RandomPolicy over env steps, the final matches as reference lines),
+``summary.json`` and ``final.ckpt`` (a runner checkpoint, for
+``marl_runner.restore_checkpoint``).
 
     python examples/selfplay_connect_four.py --total-env-steps 300000
     python examples/selfplay_connect_four.py --smoke   # a few seconds
@@ -240,7 +242,7 @@ def seat_mapping(seat: str, policy_id: str, opponent_id: str) -> Callable[..., s
 
 def play_vs_random(
     config: RunnerConfig, weights: dict[str, Any], games: int, seat: str, explore: bool, seed: int
-) -> dict[str, float]:
+) -> dict[str, Any]:
     """``weights`` (one TorchPolicy's) in ``seat`` against RandomPolicy for ``games`` games.
 
     Returns the win/draw/loss rates, the games played and the rows whose mask was checked.
@@ -310,6 +312,7 @@ def final_matches(
 
 
 def print_matches(matches: dict[str, dict[str, Any]]) -> None:
+    """One line per match: overall and per-seat win/draw/loss rates."""
     for name, match in matches.items():
         seats = "  ".join(
             f"as {seat}: {r['win']:.3f}/{r['draw']:.3f}/{r['loss']:.3f}"
@@ -397,7 +400,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "env_steps": env_steps,
                 "games": games,
                 "wall_s": round(now - start, 3),
-                "sps": round(env_steps / (now - start), 1),  # moves/s, sampling + training
+                "sps": round(env_steps / (now - start), 1),  # moves/s: sampling, training, matches
                 "sample_s": round(train_start - sample_start, 3),
                 "train_s": round(now - train_start, 3),
                 "episode_len_mean": metrics["episode_len_mean"],
