@@ -16,8 +16,8 @@ old versions around as opponents. Read it top to bottom:
 - ``LeagueMatchmaker``, set as the runner's mapping function, draws for each
   game a seat for the learner and an opponent from the pool;
 - each iteration logs the learner's win/draw/loss rates against the pool
-  (``progress.csv``, ``win_rate_vs_pool.png``); the final match against
-  ``RandomPolicy`` is the same as in the self-play example.
+  (``progress.csv``, ``win_rate_vs_pool.png``); the final matches against
+  ``RandomPolicy`` are those of the self-play example.
 
     python examples/league_connect_four.py --total-env-steps 200000
     python examples/league_connect_four.py --smoke   # a few seconds
