@@ -51,7 +51,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script: make `examples.train_ppo` importable
     sys.path.insert(0, str(REPO))
 
-from examples.train_ppo import STAT_KEYS, make_config, ppo_update  # noqa: E402
+from examples.train_ppo import STAT_KEYS, add_ppo_arguments, make_config, ppo_update  # noqa: E402
 from marl_runner import (  # noqa: E402
     Callbacks,
     EnvRunner,
@@ -132,37 +132,8 @@ def build_parser(description: str, run_name: str = "selfplay") -> argparse.Argum
     parser.set_defaults(fragment_length=None)  # read by examples.train_ppo.make_config
     # PPO hyper-parameters, read by examples.train_ppo.ppo_update (CleanRL's defaults, except a
     # higher learning rate, 8 minibatches and a small entropy bonus: measured on this game)
-    parser.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
-    parser.add_argument(
-        "--anneal-lr",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="decay the learning rate linearly to 0 over --total-env-steps",
-    )
-    parser.add_argument("--gamma", type=float, default=0.99, help="discount, for the runner's GAE")
-    parser.add_argument(
-        "--gae-lambda", type=float, default=0.95, help="GAE lambda, for the runner's GAE"
-    )
-    parser.add_argument("--update-epochs", type=int, default=4, help="passes over each batch")
-    parser.add_argument("--num-minibatches", type=int, default=8, help="minibatches per pass")
-    parser.add_argument("--clip-coef", type=float, default=0.2, help="PPO ratio clipping")
-    parser.add_argument(
-        "--norm-adv",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="normalise advantages per minibatch",
-    )
-    parser.add_argument("--ent-coef", type=float, default=0.001, help="entropy bonus coefficient")
-    parser.add_argument("--vf-coef", type=float, default=0.5, help="value loss coefficient")
-    parser.add_argument(
-        "--max-grad-norm", type=float, default=0.5, help="global gradient norm clip"
-    )
-    parser.add_argument(
-        "--target-kl",
-        type=float,
-        default=None,
-        help="stop the update epochs early once the approx KL exceeds this",
-    )
+    add_ppo_arguments(parser)
+    parser.set_defaults(lr=1e-3, num_minibatches=8, ent_coef=0.001)
     return parser
 
 

@@ -142,7 +142,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="tiny step counts, to check the whole pipeline runs in a few seconds (CI)",
     )
-    # PPO hyper-parameters (CleanRL's defaults, except where noted)
+    add_ppo_arguments(parser)
+    args = parser.parse_args(argv)
+    if args.runners < 0:
+        parser.error(f"--runners {args.runners}: expected an int >= 0")
+    if args.smoke:
+        args.num_envs, args.fragment_length = 2, args.fragment_length or 30
+        args.eval_episodes, args.checkpoint_every = 2, 1
+        args.total_env_steps = 60 * max(args.runners, 1)  # 3 iterations, runners or not
+    return args
+
+
+def add_ppo_arguments(parser: argparse.ArgumentParser) -> None:
+    """The PPO hyper-parameter flags ``ppo_update`` reads (CleanRL's defaults, except the lr).
+
+    Shared with the self-play examples, which change defaults with ``parser.set_defaults``.
+    """
     parser.add_argument("--lr", type=float, default=7e-4, help="Adam learning rate")
     parser.add_argument(
         "--anneal-lr",
@@ -174,14 +189,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="stop a policy's update epochs early once its approx KL exceeds this",
     )
-    args = parser.parse_args(argv)
-    if args.runners < 0:
-        parser.error(f"--runners {args.runners}: expected an int >= 0")
-    if args.smoke:
-        args.num_envs, args.fragment_length = 2, args.fragment_length or 30
-        args.eval_episodes, args.checkpoint_every = 2, 1
-        args.total_env_steps = 60 * max(args.runners, 1)  # 3 iterations, runners or not
-    return args
 
 
 def make_config(args: argparse.Namespace) -> RunnerConfig:
