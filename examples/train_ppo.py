@@ -57,6 +57,7 @@ from marl_runner import (
 )
 from marl_runner.distributed import EnvRunnerGroup, ray_session
 from marl_runner.metrics_log import plot_learning_curve
+from marl_runner.tensorboard import summary_writer_class
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 STAT_KEYS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_frac", "explained_var")
@@ -141,6 +142,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--smoke",
         action="store_true",
         help="tiny step counts, to check the whole pipeline runs in a few seconds (CI)",
+    )
+    parser.add_argument(
+        "--tensorboard",
+        action="store_true",
+        help="also write each progress.csv row as TensorBoard scalars to <run-dir>/tensorboard "
+        "(needs pip install 'marl-runner[tensorboard]')",
     )
     add_ppo_arguments(parser)
     args = parser.parse_args(argv)
@@ -377,6 +384,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         )
         progress = csv.DictWriter(progress_file, fieldnames=fieldnames)
         progress.writeheader()
+        tensorboard = None
+        if args.tensorboard:
+            tensorboard = summary_writer_class()(str(run_dir / "tensorboard"))
+            stack.callback(tensorboard.close)
         rows: list[dict[str, Any]] = []
 
         env_steps = agent_steps = iteration = 0
@@ -431,6 +442,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             }
             progress.writerow(row)
             progress_file.flush()
+            if tensorboard is not None:
+                for key, value in row.items():
+                    if key != "iteration" and math.isfinite(value):
+                        tensorboard.add_scalar(key, value, global_step=env_steps)
+                tensorboard.flush()
             rows.append(row)
             print(
                 f"iter {iteration:4d}  env_steps {env_steps:8d}  SPS {row['sps']:7.0f}  "

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from marl_runner import cli, restore_checkpoint
 from marl_runner.metrics_log import read_progress_csv
@@ -22,7 +23,8 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 def test_train_ppo_smoke_writes_progress_plot_and_checkpoints(tmp_path) -> None:
     run_dir = tmp_path / "run"
     result = subprocess.run(
-        [sys.executable, "examples/train_ppo.py", "--smoke", "--run-dir", str(run_dir)],
+        [sys.executable, "examples/train_ppo.py", "--smoke", "--tensorboard"]
+        + ["--run-dir", str(run_dir)],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -39,6 +41,12 @@ def test_train_ppo_smoke_writes_progress_plot_and_checkpoints(tmp_path) -> None:
             assert math.isfinite(row[key]), (key, row)
         assert row["shared/entropy"] > 0
     assert (run_dir / "learning_curve.png").read_bytes().startswith(PNG_SIGNATURE)
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    logged = [(e.step, e.value) for e in events.Scalars("shared/value_loss")]
+    assert logged == [
+        (int(row["env_steps"]), pytest.approx(row["shared/value_loss"])) for row in rows
+    ]
 
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["env_steps"] == rows[-1]["env_steps"]
