@@ -86,9 +86,10 @@ class TorchPolicy(Policy):
         super().__init__(observation_space, action_space, {**_DEFAULTS, **config})
         if not isinstance(observation_space, gym.spaces.Box):
             raise ValueError(
-                f"TorchPolicy needs a flat Box observation space, got {observation_space}; "
-                "the ObsPreprocessorConnector flattens Dict/Tuple/Discrete observations "
-                "upstream, so keep it in the policy's agent connectors"
+                f"TorchPolicy needs a Box observation space (flat Box, or a uint8 image "
+                f"(H, W, C) for a cnn model), got {observation_space}; the "
+                "ObsPreprocessorConnector flattens Dict/Tuple/Discrete observations upstream, "
+                "so keep it in the policy's agent connectors"
             )
         self._use_prev_actions = "prev_actions" in self.view_requirements
         self._use_prev_rewards = "prev_rewards" in self.view_requirements
