@@ -53,15 +53,16 @@ def check_imports(config: RunnerConfig) -> None:
 def prepare_out_dir(out_dir: Path, config: RunnerConfig) -> None:
     """Refuses a directory holding another run's batches; saves the resolved config there.
 
-    Runs before any env is built, so an unusable ``--out`` (missing parent,
-    not a directory, not writable) is a one-line error, not a traceback
-    after minutes of sampling. Writing the config is the write test: a
-    permission check alone would pass as root.
+    Missing parent directories are made (``runs/`` in a fresh checkout).
+    Runs before any env is built, so an unusable ``--out`` (under a file, not
+    a directory, not writable) is a one-line error, not a traceback after
+    minutes of sampling. Writing the config is the write test: a permission
+    check alone would pass as root.
     """
-    parent = out_dir.absolute().parent
-    if not out_dir.exists() and not parent.is_dir():
-        what = "is not a directory" if parent.exists() else "does not exist"
-        raise CommandError(f"--out {out_dir}: its parent directory {parent} {what}")
+    if not out_dir.exists():
+        ancestor = next(path for path in out_dir.absolute().parents if path.exists())
+        if not ancestor.is_dir():
+            raise CommandError(f"--out {out_dir}: {ancestor} is not a directory")
     if out_dir.exists() and not out_dir.is_dir():
         raise CommandError(f"--out {out_dir}: exists and is not a directory")
     if out_dir.is_dir() and list_batch_files(out_dir):
@@ -70,7 +71,7 @@ def prepare_out_dir(out_dir: Path, config: RunnerConfig) -> None:
             "choose a new or empty directory"
         )
     try:
-        out_dir.mkdir(exist_ok=True)
+        out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "config.yaml").write_text(
             yaml.safe_dump(config.to_dict(), sort_keys=False), encoding="utf-8"
         )

@@ -9,6 +9,7 @@ import yaml
 
 import marl_runner.cli as cli
 from marl_runner.cli import main
+from marl_runner.io import list_batch_files
 from tests.runner_helpers import config
 
 
@@ -36,12 +37,14 @@ def one_line(err: str) -> str:
     return lines[0]
 
 
-def test_missing_parent_is_a_one_line_error(config_path, tmp_path, capsys, monkeypatch):
-    out = tmp_path / "missing" / "out"
-    code, err = run_sample(config_path, out, capsys, monkeypatch)
-    assert code == 2
-    assert f"--out {out}: its parent directory {out.parent} does not exist" in one_line(err)
-    assert not out.parent.exists()
+def test_missing_parents_are_made(tmp_path, capsys):
+    path = tmp_path / "run.yaml"
+    cfg = config("marl_runner.envs.testing:CheapEnv", num_envs=1, rollout_fragment_length=4)
+    path.write_text(yaml.safe_dump(cfg.to_dict()))
+    out = tmp_path / "runs" / "first" / "out"
+    code = main(["sample", str(path), "--out", str(out), "--steps", "8"])
+    assert code == 0, capsys.readouterr().err
+    assert (out / "config.yaml").is_file() and list_batch_files(out)
 
 
 def test_out_under_a_file_is_a_one_line_error(config_path, tmp_path, capsys, monkeypatch):
@@ -49,7 +52,7 @@ def test_out_under_a_file_is_a_one_line_error(config_path, tmp_path, capsys, mon
     blocker.write_text("")
     code, err = run_sample(config_path, blocker / "sub", capsys, monkeypatch)
     assert code == 2
-    assert f"its parent directory {blocker} is not a directory" in one_line(err)
+    assert f"--out {blocker / 'sub'}: {blocker} is not a directory" in one_line(err)
 
 
 def test_unwritable_out_is_a_one_line_error(config_path, tmp_path, capsys, monkeypatch):
