@@ -159,7 +159,7 @@ class AgentConnector(Connector):
     """Transforms one policy's rows of one round (may change, add or drop rows).
 
     Override ``transform`` for a per-item connector (it sees one
-    ``AgentConnectorDataType`` at a time, with SPEC's keys ``t, env_id,
+    ``AgentConnectorDataType`` at a time, with the keys of docs/CONNECTORS.md ``t, env_id,
     agent_index, rewards, terminateds, truncateds, infos, new_obs``), or
     ``__call__`` to work on whole columns (``AgentRows``, obs in ``"obs"``). A connector that changes the observation declares it in
     ``output_observation_space`` so a pipeline is checked when it is built.

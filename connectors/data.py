@@ -31,7 +31,7 @@ META_COLUMNS = frozenset(
 #: a row survives the round trip through a per-item connector.
 _HIDDEN_COLUMNS = ("keys", "is_first")
 
-#: Column name -> key in the per-item view (SPEC's names); other columns keep theirs.
+#: Column name -> key in the per-item view (the names docs/CONNECTORS.md gives); other columns keep theirs.
 #: ``agent_ids`` is the item's ``agent_id`` field; ``env_ids`` also is its ``env_id`` field.
 _ITEM_KEYS = {"obs": "new_obs", "env_ids": "env_id"}
 _COLUMN_NAMES = {key: column for column, key in _ITEM_KEYS.items()}
@@ -41,7 +41,7 @@ _COLUMN_NAMES = {key: column for column, key in _ITEM_KEYS.items()}
 class AgentConnectorDataType:
     """One agent's row as a per-item connector sees it.
 
-    ``data`` holds SPEC's keys ``t, env_id, agent_index, rewards, terminateds,
+    ``data`` holds the keys ``t, env_id, agent_index, rewards, terminateds,
     truncateds, infos, new_obs`` (``new_obs`` is the observation just
     received; ``t`` its index in the agent's episode, 0 on the first) plus
     any column an earlier connector added (``action_mask``, ``state_in_0``,

@@ -149,7 +149,7 @@ def _required(doc: str) -> Any:
 
 @dataclasses.dataclass(kw_only=True)
 class RunnerConfig:
-    """Everything an ``EnvRunner`` needs; see API.md for the YAML form.
+    """Everything an ``EnvRunner`` needs; see docs/CONFIG.md for the YAML form.
 
     Constructing one (directly, via ``from_dict``/``from_yaml`` or
     ``dataclasses.replace``) validates and normalises every field, raising

@@ -1,4 +1,4 @@
-"""check_batch_invariants: what it accepts is what SPEC allows, what it refuses it names."""
+"""check_batch_invariants: what it accepts is what the runner's flag rule allows, what it refuses it names."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def _trajectory(terminated: list[bool], truncated: list[bool]) -> SampleBatch:
 def test_an_agent_ending_itself_as_the_time_limit_hits_may_be_both_terminated_and_truncated() -> (
     None
 ):
-    # SPEC: terminated = __all__ terminated or own, truncated = __all__ truncated or own.
+    # The flag rule: terminated = __all__ terminated or own, truncated = __all__ truncated or own.
     check_batch_invariants(_trajectory([False, False, True], [False, False, True]))
 
 

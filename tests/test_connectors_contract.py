@@ -2,7 +2,7 @@
 
 - ``build_pipeline`` reads agent vs action from the classes; mixing kinds is an error.
 - Pipelines take items as well as columns, and return what they were given.
-- A per-item connector sees SPEC's keys; bookkeeping survives the round trip.
+- A per-item connector sees the documented keys; bookkeeping survives the round trip.
 - Build errors say where: ``.index`` in the spec list, ``.param`` for a parameter.
 - Action connectors declare the space they take; with ``NormalizeActionsConnector``
   the policy acts in Box(-1, 1) and a random policy covers the env's whole Box.

@@ -1,7 +1,7 @@
-"""Where rewards land: on the transition SPEC names, and all of them in the metrics.
+"""Where rewards land: on the transition the ledger names, and all of them in the metrics.
 
 ``RewardPlacementLog`` records, round by round, what the env gave and who
-observed; ``expected_rows`` replays SPEC's rules on that log, so any env
+observed; ``expected_rows`` replays the reward rules on that log, so any env
 (scripted or real PettingZoo) checks the exact reward of every row.
 """
 
@@ -52,7 +52,7 @@ class RewardPlacementLog(MultiAgentEnv):
 
 
 def expected_rows(rounds: list[tuple[set, dict, set, bool]]) -> dict[Any, list[float]]:
-    """SPEC's placement, replayed: the reward of each transition of each agent."""
+    """The rules' placement, replayed: the reward of each transition of each agent."""
     agents = set().union(*(obs | set(rewards) for obs, rewards, _, _ in rounds))
     rows: dict[Any, list[float]] = {}
     for agent in agents:
@@ -110,7 +110,7 @@ def sample_episodes(env: str, num_episodes: int, **overrides: Any):
 
 
 def check_placement(batch: Any, tracker: EpisodeTracker, logs: list) -> int:
-    """Every row of every finished episode carries exactly SPEC's reward; returns #trajectories."""
+    """Every row of every finished episode carries exactly the reward the rules give it; returns #trajectories."""
     checked = 0
     for env_index, episode_ids in tracker.started.items():
         for position, eps_id in enumerate(episode_ids):

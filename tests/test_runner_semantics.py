@@ -1,4 +1,4 @@
-"""Multi-agent semantics of SPEC.md step 2, each on a purpose-built env."""
+"""Multi-agent semantics of the loop's step 2 (docs/DESIGN.md), each on a purpose-built env."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 An env may reward an agent in a round where the agent has no observation
 (turn-based games), before its first observation, or after it is done.
-SPEC's rule is that no reward is lost and each sits on a named transition:
+The rule (README, "What it guarantees") is that no reward is lost and each sits on a named transition:
 
 - given with an obs: on the transition that obs closes;
 - given without an obs: held, then credited with the agent's next obs (or

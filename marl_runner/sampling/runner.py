@@ -1,6 +1,6 @@
 """EnvRunner: polls the vector env, runs connectors and policies, builds training batches.
 
-``step()`` is SPEC's six steps, one method each: poll, process observations,
+``step()`` is the sampling loop's six steps (docs/DESIGN.md), one method each: poll, process observations,
 evaluate policies, process policy outputs, send actions, record perf stats.
 Data moves as per-policy columns: one agent-connector call, ONE forward pass
 and one action-connector call per policy per round, whatever the number of

@@ -1,6 +1,6 @@
 """Scripted envs for the agent-lifecycle edge cases a runner must get right.
 
-Each docstring says which rule of SPEC.md the script exercises; rewards are
+Each docstring says which rule of the sampling loop (docs/DESIGN.md) the script exercises; rewards are
 chosen so that losing or doubling any one of them changes the totals.
 """
 
