@@ -123,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="stop after at least N steps in the produced batches (env steps unless "
         "--count-steps-by agent_steps); default: one rollout fragment per sub-env, "
-        "i.e. num_envs * rollout_fragment_length env steps",
+        "i.e. num_envs * rollout_fragment_length steps counted as the config's count_steps_by",
     )
     target.add_argument(
         "--episodes",
@@ -204,7 +204,7 @@ def _run_sample(args: argparse.Namespace) -> int:
     elif args.steps is not None:
         unit, target = args.count_steps_by, args.steps
     else:
-        unit, target = "env_steps", config.num_envs * config.rollout_fragment_length
+        unit, target = config.count_steps_by, config.num_envs * config.rollout_fragment_length
     num_runners = config.num_runners if args.runners is None else args.runners
     if args.out is not None:
         prepare_out_dir(args.out, config)

@@ -253,6 +253,14 @@ def test_sample_default_target_is_one_fragment_per_sub_env(
     assert "20/20 env steps (100%)" in capsys.readouterr().out  # num_envs 2 * fragment 10
 
 
+def test_sample_default_target_counts_as_the_config_does(
+    tmp_path: Path, fake_runner: type[FakeRunner], capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_config(tmp_path, count_steps_by="agent_steps")
+    assert main(["sample", str(path), "--progress-interval", "0"]) == 0
+    assert "20/20 agent steps (100%)" in capsys.readouterr().out
+
+
 def test_sample_counts_episodes_without_faulty_ones(
     tmp_path: Path, fake_runner: type[FakeRunner], capsys: pytest.CaptureFixture[str]
 ) -> None:
