@@ -171,7 +171,8 @@ class EnvRunner:
 
     def set_policy_mapping_fn(self, fn: Callable[..., str] | str | dict) -> None:
         """New mapping for agents mapped from now on; agents already mapped in a
-        running episode keep their policy unless re-mapped with ``refresh=True``."""
+        running episode keep their policy until that episode ends (``remove_policy``
+        is what moves running agents to another policy)."""
         self.policy_map.set_mapping_fn(fn)
 
     def get_spaces(self) -> dict[str, tuple[gym.Space, gym.Space]]:
