@@ -262,7 +262,7 @@ def plot_learning_curve(
         points = [
             (float(row[x]), float(row[column]))
             for row in rows
-            if _is_finite(row.get(x)) and _is_finite(row.get(column))
+            if is_finite_number(row.get(x)) and is_finite_number(row.get(column))
         ]
         if points:
             xs, ys = zip(*points)
@@ -289,5 +289,6 @@ def plot_learning_curve(
     return path
 
 
-def _is_finite(value: Any) -> bool:
+def is_finite_number(value: Any) -> bool:
+    """A real int or float that is not NaN or infinite (bools and None are not numbers here)."""
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)

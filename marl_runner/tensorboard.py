@@ -7,13 +7,13 @@ marl_runner``.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 from marl_runner.callbacks import Callbacks
 from marl_runner.metrics import MetricsCollector, RolloutMetrics
+from marl_runner.metrics_log import is_finite_number
 
 __all__ = ["TensorBoardCallbacks"]
 
@@ -142,11 +142,11 @@ def scalars(metrics: Mapping[str, Any]) -> Iterator[tuple[str, float]]:
     """``(tag, value)`` for every finite number of a ``get_metrics()`` summary that
     TensorBoard shows: SCALAR_KEYS by name, NESTED_KEYS entries as ``key/entry``."""
     for key in SCALAR_KEYS:
-        if _is_finite(metrics.get(key)):
+        if is_finite_number(metrics.get(key)):
             yield key, float(metrics[key])
     for key in NESTED_KEYS:
         for name, value in (metrics.get(key) or {}).items():
-            if _is_finite(value):
+            if is_finite_number(value):
                 yield f"{key}/{name}", float(value)
 
 
@@ -161,6 +161,3 @@ def summary_writer_class() -> type:
         ) from exc
     return SummaryWriter
 
-
-def _is_finite(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
