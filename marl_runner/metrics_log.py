@@ -243,7 +243,7 @@ def plot_learning_curve(
     e.g. ``{"random policy": -110.0}``. Returns the path written.
 
     Raises:
-        ImportError: matplotlib is not installed (``pip install matplotlib``).
+        ImportError: matplotlib is not installed (``pip install 'marl-runner[plot]'``).
         ValueError: no row has a finite value for any ``y`` column.
     """
     try:
@@ -253,7 +253,8 @@ def plot_learning_curve(
         import matplotlib.pyplot as plt
     except ImportError as err:
         raise ImportError(
-            f"plotting a learning curve needs matplotlib ({err}); pip install matplotlib"
+            f"plotting a learning curve needs matplotlib ({err}); "
+            "install it with: pip install 'marl-runner[plot]'"
         ) from err
     columns = [y] if isinstance(y, str) else list(y)
     figure, axes = plt.subplots(figsize=(7, 4.5))
