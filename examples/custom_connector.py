@@ -67,11 +67,31 @@ class TimeFeature(AgentConnector):
         return rows
 
 
+def time_feature_horizon(agent_connectors: Any, config_path: Path) -> int:
+    """The ``horizon`` of the ``TimeFeature`` in a policy's built agent connector chain.
+
+    Looked up by class name: run as a script this module is ``__main__``, and the
+    config's ``examples.custom_connector:TimeFeature`` is the same class imported again.
+    """
+    if "TimeFeature" not in agent_connectors:
+        raise SystemExit(
+            f"{config_path}: the first policy's agent connectors have no TimeFeature, got "
+            f"{[type(connector).__name__ for connector in agent_connectors]}"
+        )
+    return agent_connectors["TimeFeature"].horizon
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Samples the config once; returns the spaces and the first policy batch."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", type=Path, default=CONFIG, help="runner config YAML")
-    parser.add_argument("--steps", type=int, default=200, help="env steps to sample")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=200,
+        help="at least this many env steps: the runner returns whole fragments "
+        "(rollout_fragment_length steps of every sub-env), so often more",
+    )
     args = parser.parse_args(argv)
     if str(REPO) not in sys.path:  # the config names "examples.custom_connector:TimeFeature"
         sys.path.insert(0, str(REPO))
@@ -82,10 +102,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with EnvRunner(config) as runner:
         env_space = runner.env.get_observation_space(runner.env.possible_agents[0])
         policy_id, (policy_space, _) = next(iter(runner.get_spaces().items()))
+        horizon = time_feature_horizon(runner.policy_map[policy_id].agent_connectors, args.config)
         batch = runner.sample(num_env_steps=args.steps)
     check_batch_invariants(batch)
     rows = batch.policy_batches[policy_id]
-    horizon = config.to_dict()["policies"][policy_id]["agent_connectors"][1]["horizon"]
     expected = np.minimum(rows["t"] / horizon, 1.0)
     print(f"env observation:    {env_space.shape} {env_space.dtype}")
     print(

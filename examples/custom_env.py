@@ -2,8 +2,8 @@
 
 Shows: ``Hive``, written against marl_runner's own ``MultiAgentEnv`` (dicts
 keyed by agent, ``"__all__"`` in the done dicts). A queen lives the whole
-episode and may spend 2 food to hatch a worker, who appears in the next
-round's observations; a worker forages (+1 reward when it finds food) until
+episode and may spend 2 food to hatch a worker, whose first observation
+comes in the output of the round it hatched in; a worker forages (+1 reward when it finds food) until
 it starves (terminated, -1) or grows old (terminated); workers still alive
 when the time limit hits are truncated. Two policies: ``queen`` and
 ``worker``. Every agent's info carries ``reward_total``, the reward the env
@@ -170,7 +170,13 @@ def agent_table(batch: Any) -> dict[int, dict[str, dict[str, Any]]]:
 def main(argv: list[str] | None = None) -> dict[int, dict[str, dict[str, Any]]]:
     """Samples whole episodes of Hive; returns ``agent_table`` of the batch."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--episodes", type=int, default=6, help="whole episodes to sample")
+    parser.add_argument(
+        "--episodes",
+        type=int,
+        default=6,
+        help="at least this many whole episodes: the sub-envs step together and every "
+        "episode that ends in the last round counts, so often a few more",
+    )
     parser.add_argument("--max-steps", type=int, default=60, help="the episodes' time limit")
     args = parser.parse_args(argv)
     if str(REPO) not in sys.path:  # the config names "examples.custom_env:Hive"

@@ -60,7 +60,13 @@ def learner_games(batch: Any) -> dict[int, tuple[int, float]]:
 def main(argv: list[str] | None = None) -> dict[int, tuple[int, float]]:
     """Samples whole games; returns ``learner_games`` of the batch."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--episodes", type=int, default=200, help="games to sample")
+    parser.add_argument(
+        "--episodes",
+        type=int,
+        default=200,
+        help="at least this many games: the sub-envs step together and every game that "
+        "ends in the last round counts, so often a few more",
+    )
     args = parser.parse_args(argv)
     if str(REPO) not in sys.path:  # the config names "examples.custom_mapping:..."
         sys.path.insert(0, str(REPO))

@@ -69,7 +69,13 @@ class KillStats(Callbacks):
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Samples whole episodes with ``KillStats``; returns ``get_metrics()`` and the batch."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--episodes", type=int, default=8, help="whole episodes to sample")
+    parser.add_argument(
+        "--episodes",
+        type=int,
+        default=8,
+        help="at least this many whole episodes: the sub-envs step together and every "
+        "episode that ends in the last round counts, so often a few more",
+    )
     parser.add_argument("--max-cycles", type=int, default=300, help="KAZ's episode time limit")
     args = parser.parse_args(argv)
     if str(REPO) not in sys.path:  # the config names "examples.custom_metrics:KillStats"

@@ -51,7 +51,7 @@ from examples.selfplay_connect_four import (  # noqa: E402
     plot_win_rates,
     print_matches,
 )
-from examples.train_ppo import STAT_KEYS, make_config, ppo_update  # noqa: E402
+from examples.train_ppo import STAT_KEYS, make_config, ppo_update, require_matplotlib  # noqa: E402
 from marl_runner import Callbacks, EnvRunner, RunnerConfig, TorchPolicy  # noqa: E402
 
 LEARNER = "learner"
@@ -180,6 +180,7 @@ def main(
 ) -> dict[str, Any]:
     """Trains; ``on_iteration(iteration, runner, pool, learner)`` runs after each iteration."""
     args = parse_args(argv)
+    require_matplotlib()
     config = league_config(args)
     run_dir = args.run_dir or Path("runs") / f"league-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -273,6 +274,17 @@ def main(
         config, learner.get_weights(), untrained_weights, args.eval_games, args.seed + 10_000
     )
     print_matches(final)
+    summary = {
+        "config": str(args.config),
+        "env_steps": env_steps,
+        "iterations": iteration,
+        "snapshots_added": snapshots + 1,
+        "pool": list(matchmaker.pool),
+        "train_wall_s": round(train_wall_s, 1),
+        "sps": round(env_steps / train_wall_s, 1),
+        "vs_random": final,
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     plot_win_rates(
         rows,
         run_dir / "win_rate_vs_pool.png",
@@ -287,17 +299,6 @@ def main(
         },
         title="Connect Four league: the learner against its pool of snapshots",
     )
-    summary = {
-        "config": str(args.config),
-        "env_steps": env_steps,
-        "iterations": iteration,
-        "snapshots_added": snapshots + 1,
-        "pool": list(matchmaker.pool),
-        "train_wall_s": round(train_wall_s, 1),
-        "sps": round(env_steps / train_wall_s, 1),
-        "vs_random": final,
-    }
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary, indent=2))
     return summary
 

@@ -51,7 +51,15 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script: make `examples.train_ppo` importable
     sys.path.insert(0, str(REPO))
 
-from examples.train_ppo import STAT_KEYS, add_ppo_arguments, make_config, ppo_update  # noqa: E402
+from examples.train_ppo import (  # noqa: E402
+    STAT_KEYS,
+    HelpFormatter,
+    add_ppo_arguments,
+    check_ppo_arguments,
+    make_config,
+    ppo_update,
+    require_matplotlib,
+)
 from marl_runner import (  # noqa: E402
     Callbacks,
     EnvRunner,
@@ -69,11 +77,14 @@ OUTCOMES = ("win", "draw", "loss")
 
 def build_parser(description: str, run_name: str = "selfplay") -> argparse.ArgumentParser:
     """The flags of this example; ``examples/league_connect_four.py`` adds its own to them."""
-    parser = argparse.ArgumentParser(
-        description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=description, formatter_class=HelpFormatter)
     # What to train on
-    parser.add_argument("--config", type=Path, default=CONFIG, help="runner config YAML")
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=CONFIG,
+        help=f"runner config YAML (default: {CONFIG.relative_to(REPO).as_posix()})",
+    )
     parser.add_argument(
         "--set",
         dest="overrides",
@@ -83,7 +94,7 @@ def build_parser(description: str, run_name: str = "selfplay") -> argparse.Argum
         help="config override, as `marl-runner sample --set` (repeatable)",
     )
     parser.add_argument(
-        "--num-envs", type=int, default=None, help="sub-envs; None: the config's num_envs"
+        "--num-envs", type=int, default=None, help="sub-envs (default: the config's num_envs)"
     )
     parser.add_argument(
         "--seed", type=int, default=1, help="seeds the envs, the weights and the minibatch order"
@@ -121,7 +132,7 @@ def build_parser(description: str, run_name: str = "selfplay") -> argparse.Argum
         "--run-dir",
         type=Path,
         default=None,
-        help=f"where progress.csv, the plot and summary.json go; None: runs/{run_name}-<time>",
+        help=f"where progress.csv, the plot and summary.json go (default: runs/{run_name}-<time>)",
     )
     parser.add_argument(
         "--smoke",
@@ -148,6 +159,7 @@ def finish_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argp
             parser.error(
                 f"--{flag.replace('_', '-')} must be at least 2, got {getattr(args, flag)}"
             )
+    check_ppo_arguments(parser, args)
     return args
 
 
@@ -322,6 +334,7 @@ def plot_win_rates(
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
+    require_matplotlib()
     config = make_config(args)
     run_dir = args.run_dir or Path("runs") / f"selfplay-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -412,6 +425,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         config, learner.get_weights(), untrained_weights, args.eval_games, args.seed + 10_000
     )
     print_matches(final)
+    summary = {
+        "config": str(args.config),
+        "env_steps": env_steps,
+        "games": games,
+        "iterations": iteration,
+        "train_wall_s": round(train_wall_s, 1),
+        "sps": round(env_steps / train_wall_s, 1),
+        "vs_random": final,
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     plot_win_rates(
         rows,
         run_dir / "learning_curve.png",
@@ -424,16 +447,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         },
         title="Connect Four self-play PPO: win % against RandomPolicy",
     )
-    summary = {
-        "config": str(args.config),
-        "env_steps": env_steps,
-        "games": games,
-        "iterations": iteration,
-        "train_wall_s": round(train_wall_s, 1),
-        "sps": round(env_steps / train_wall_s, 1),
-        "vs_random": final,
-    }
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary, indent=2))
     return summary
 

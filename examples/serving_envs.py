@@ -20,4 +20,6 @@ class DroneSwarm(ExternalMultiAgentEnv):
     def __init__(self, num_drones: int = 4) -> None:
         drones = [f"drone_{i}" for i in range(num_drones)]
         obs_space = gym.spaces.Box(-10.0, 10.0, (8,), np.float32)
-        super().__init__(dict.fromkeys(drones, obs_space), dict.fromkeys(drones, gym.spaces.Discrete(5)))
+        super().__init__(
+            dict.fromkeys(drones, obs_space), dict.fromkeys(drones, gym.spaces.Discrete(5))
+        )

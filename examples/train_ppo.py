@@ -59,19 +59,33 @@ from marl_runner.distributed import EnvRunnerGroup, ray_session
 from marl_runner.metrics_log import plot_learning_curve
 from marl_runner.tensorboard import summary_writer_class
 
-CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+REPO = Path(__file__).resolve().parents[1]
+CONFIG_DIR = REPO / "examples" / "configs"
 STAT_KEYS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_frac", "explained_var")
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """``--help`` shows each flag's default once: the value, unless the help already says what
+    the default is (``default: the config's num_envs``) or there is none (None, off, empty)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        help_text = action.help or ""
+        no_value = action.default is None or action.default is False or action.default == []
+        if "default" in help_text or no_value:
+            return help_text
+        return super()._get_help_string(action)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+        description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter
     )
     # What to train on
     parser.add_argument(
         "--env",
         default="simple_spread",
-        help=f"name of a runner config in {CONFIG_DIR.name}/ (without .yaml)",
+        help=f"name of a runner config in {CONFIG_DIR.relative_to(REPO).as_posix()}/ "
+        "(without .yaml)",
     )
     parser.add_argument(
         "--config", type=Path, default=None, help="path of a runner config YAML; wins over --env"
@@ -153,6 +167,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.runners < 0:
         parser.error(f"--runners {args.runners}: expected an int >= 0")
+    check_ppo_arguments(parser, args)
     if args.smoke:
         args.num_envs, args.fragment_length = 2, args.fragment_length or 30
         args.eval_episodes, args.checkpoint_every = 2, 1
@@ -194,8 +209,26 @@ def add_ppo_arguments(parser: argparse.ArgumentParser) -> None:
         "--target-kl",
         type=float,
         default=None,
-        help="stop a policy's update epochs early once its approx KL exceeds this",
+        help="stop a policy's update epochs early once its approx KL exceeds this (default: never)",
     )
+
+
+def check_ppo_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Rejects PPO flags that ``ppo_update`` cannot run with (``parser.error`` exits)."""
+    for flag in ("update_epochs", "num_minibatches"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} {getattr(args, flag)}: expected an int >= 1")
+
+
+def require_matplotlib() -> None:
+    """Fails at start-up, not after the whole run, when the learning curve cannot be drawn."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as err:
+        raise SystemExit(
+            f"this example draws its learning curve with matplotlib ({err}): "
+            "pip install -e '.[plot]'"
+        ) from err
 
 
 def make_config(args: argparse.Namespace) -> RunnerConfig:
@@ -235,11 +268,6 @@ def evaluate(config: RunnerConfig, episodes: int, **runner_kwargs: Any) -> dict[
         "episode_reward_mean": float(metrics["episode_reward_mean"]),
         "policy_reward_mean": dict(sorted(metrics["policy_reward_mean"].items())),
     }
-
-
-def mean_episode_reward(config: RunnerConfig, episodes: int, **runner_kwargs: Any) -> float:
-    """Mean total reward (all agents summed) over at least ``episodes`` whole fresh episodes."""
-    return evaluate(config, episodes, **runner_kwargs)["episode_reward_mean"]
 
 
 def ppo_update(
@@ -323,10 +351,12 @@ def make_sampler(
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
-    if (
-        os.getcwd() not in sys.path
-    ):  # import paths in configs ("examples.mappings:...") resolve here
-        sys.path.insert(0, os.getcwd())
+    require_matplotlib()
+    # Configs name classes and functions by import path: "examples.mappings:..." resolves
+    # from the repository root, a user's own package from the current folder.
+    for path in (str(REPO), os.getcwd()):
+        if path not in sys.path:
+            sys.path.insert(0, path)
     config = make_config(args)
     env_name = args.config.stem if args.config else args.env
     run_dir = args.run_dir or Path("runs") / f"{env_name}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -465,15 +495,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"trained policy: mean episode reward {trained_reward:.2f} ({args.eval_episodes} "
         f"episodes), per policy {_rounded(trained_eval['policy_reward_mean'])}"
     )
-    if any(math.isfinite(row["episode_reward_mean"]) for row in rows):
-        plot_learning_curve(
-            rows,
-            run_dir / "learning_curve.png",
-            baselines={"random policy": random_reward, "trained, evaluated": trained_reward},
-            title=f"PPO on {env_name}: mean episode reward (all agents summed)",
-        )
-    else:
-        print("no episode finished during training: no learning curve to draw")
     summary = {
         "env": env_name,
         "env_steps": env_steps,
@@ -488,6 +509,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "trained_policy_reward_mean": trained_eval["policy_reward_mean"],
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if any(math.isfinite(row["episode_reward_mean"]) for row in rows):
+        plot_learning_curve(
+            rows,
+            run_dir / "learning_curve.png",
+            baselines={"random policy": random_reward, "trained, evaluated": trained_reward},
+            title=f"PPO on {env_name}: mean episode reward (all agents summed)",
+        )
+    else:
+        print("no episode finished during training: no learning curve to draw")
     print(json.dumps(summary, indent=2))
     return summary
 

@@ -6,10 +6,14 @@ checks what it shows by a route the example does not take itself.
 
 from __future__ import annotations
 
+import json
+import re
+import sys
 import types
 
 import numpy as np
 import pytest
+import yaml
 
 from examples import custom_connector, custom_env, custom_mapping, custom_metrics, train_ppo
 from marl_runner import ConfigError, EnvRunner, RunnerConfig, restore_checkpoint
@@ -175,3 +179,68 @@ def test_train_ppo_with_runner_group_trains_the_remote_runners(
     assert [row["env_steps"] for row in rows] == [40.0, 80.0, 120.0]
     assert summary["env_steps"] == 120
     assert ray_local.is_initialized()  # the example did not shut down a Ray it did not start
+
+
+def test_time_feature_horizon_is_read_from_the_built_chain(tmp_path) -> None:
+    data = RunnerConfig.from_yaml(custom_connector.CONFIG).to_dict()
+    chain = data["policies"]["shared"]["agent_connectors"]
+    chain[1] = {"name": "examples.custom_connector:TimeFeature", "horizon": 10}
+    path = tmp_path / "horizon_10.yaml"
+    path.write_text(yaml.safe_dump(data))
+    result = custom_connector.main(["--config", str(path), "--steps", "20"])
+    assert result["horizon"] == 10
+    rows = result["batch"]
+    np.testing.assert_allclose(rows["obs"][:, -1], np.minimum(rows["t"] / 10, 1.0))
+
+    chain[1] = "examples.custom_connector:TimeFeature"  # the plain-string form: horizon 25
+    path.write_text(yaml.safe_dump(data))
+    assert custom_connector.main(["--config", str(path), "--steps", "20"])["horizon"] == 25
+
+    del chain[1]
+    data["policies"]["shared"]["model"] = {"type": "mlp", "hidden": [8]}
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(SystemExit, match="no TimeFeature, got .*ObsPreprocessorConnector"):
+        custom_connector.main(["--config", str(path)])
+
+
+# --------------------------------------------------------------- train_ppo's flags and files
+
+
+@pytest.mark.parametrize("flag", ["--update-epochs", "--num-minibatches"])
+def test_train_ppo_rejects_ppo_counts_below_one(flag: str, capsys) -> None:
+    with pytest.raises(SystemExit):
+        train_ppo.parse_args([flag, "0"])
+    assert f"{flag} 0: expected an int >= 1" in capsys.readouterr().err
+
+
+def test_train_ppo_help_shows_each_default_once(capsys) -> None:
+    with pytest.raises(SystemExit):
+        train_ppo.parse_args(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "(default: None)" not in help_text
+    assert not re.search(r"default[^()]*\) \(default", help_text), help_text
+    assert "runner config in examples/configs/ (without .yaml) (default: simple_spread)" in (
+        help_text
+    )
+    assert "(default: the config's num_envs) --fragment-length" in help_text
+    assert "(default: runs/<env>-<time>) --smoke" in help_text
+    assert "--runners RUNNERS" in help_text and "(default: 0)" in help_text
+
+
+def test_train_ppo_without_matplotlib_stops_before_training(tmp_path, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` fails
+    with pytest.raises(SystemExit, match=r"matplotlib .*pip install -e '\.\[plot\]'"):
+        train_ppo.main(["--smoke", "--run-dir", str(tmp_path / "run")])
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.timeout(60)
+def test_train_ppo_writes_the_summary_before_drawing(tmp_path, monkeypatch) -> None:
+    def failing_plot(*args, **kwargs):
+        raise RuntimeError("plot failed")
+
+    monkeypatch.setattr(train_ppo, "plot_learning_curve", failing_plot)
+    with pytest.raises(RuntimeError, match="plot failed"):
+        train_ppo.main(["--smoke", "--run-dir", str(tmp_path)])
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["env_steps"] == read_progress_csv(tmp_path / "progress.csv")[-1]["env_steps"]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import sys
 
 import numpy as np
 import pytest
@@ -140,4 +142,53 @@ def test_league_smoke_keeps_the_pool_capped_and_trains_only_the_learner(tmp_path
             )
     assert sum(row["pool_games"] for row in rows) > 0
     assert (run_dir / "win_rate_vs_pool.png").read_bytes().startswith(PNG_SIGNATURE)
+    check_final_matches(summary["vs_random"], games=8)
+
+
+PARSERS = {"selfplay": selfplay_connect_four.parse_args, "league": league_connect_four.parse_args}
+
+
+@pytest.mark.parametrize("example", sorted(PARSERS))
+@pytest.mark.parametrize("flag", ["--update-epochs", "--num-minibatches"])
+def test_ppo_counts_below_one_are_refused(example: str, flag: str, capsys) -> None:
+    with pytest.raises(SystemExit):
+        PARSERS[example]([flag, "0"])
+    assert f"{flag} 0: expected an int >= 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("example", sorted(PARSERS))
+def test_help_shows_each_default_once(example: str, capsys) -> None:
+    with pytest.raises(SystemExit):
+        PARSERS[example](["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "(default: None)" not in help_text
+    assert not re.search(r"default[^()]*\) \(default", help_text), help_text
+    assert "(default: examples/configs/connect_four_selfplay.yaml)" in help_text
+    assert f"(default: runs/{example}-<time>) --smoke" in help_text
+    assert "minibatches per pass (default: 8)" in help_text  # set_defaults shows through
+
+
+MAINS = {"selfplay": selfplay_connect_four.main, "league": league_connect_four.main}
+
+
+@pytest.mark.parametrize("example", sorted(MAINS))
+def test_without_matplotlib_it_stops_before_training(example: str, tmp_path, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` fails
+    with pytest.raises(SystemExit, match=r"matplotlib .*pip install -e '\.\[plot\]'"):
+        MAINS[example](["--smoke", "--run-dir", str(tmp_path / "run")])
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("example", sorted(MAINS))
+def test_the_summary_is_written_before_the_plot(example: str, tmp_path, monkeypatch) -> None:
+    def failing_plot(*args, **kwargs):
+        raise RuntimeError("plot failed")
+
+    # Both examples draw with plot_win_rates, which calls the self-play module's import.
+    monkeypatch.setattr(selfplay_connect_four, "plot_learning_curve", failing_plot)
+    with pytest.raises(RuntimeError, match="plot failed"):
+        MAINS[example](["--smoke", "--run-dir", str(tmp_path)])
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["env_steps"] == read_progress_csv(tmp_path / "progress.csv")[-1]["env_steps"]
     check_final_matches(summary["vs_random"], games=8)

@@ -116,3 +116,21 @@ def test_train_ppo_trains_a_cnn_on_pistonball_frames_in_smoke_mode(tmp_path) -> 
     assert rows and all(math.isfinite(row["shared/value_loss"]) for row in rows)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert math.isfinite(summary["random_episode_reward_mean"])
+
+
+@pytest.mark.timeout(120)
+def test_train_ppo_imports_examples_configs_when_run_from_another_folder(tmp_path) -> None:
+    # connect_four.yaml names "examples.mappings:by_seat": importable from the repository root,
+    # which the script puts on sys.path itself, not from the folder it is started in.
+    run_dir = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "train_ppo.py"), "--env", "connect_four"]
+        + ["--smoke", "--run-dir", str(run_dir)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert set(summary["trained_policy_reward_mean"]) == {"player_0", "player_1"}
