@@ -26,7 +26,9 @@ column must be allowed by the row's action mask.
 Writes to ``--run-dir``: ``progress.csv``, ``learning_curve.png`` (win %
 against RandomPolicy over env steps, the final matches as reference lines),
 ``summary.json`` and ``final.ckpt`` (a runner checkpoint, for
-``marl_runner.restore_checkpoint``).
+``marl_runner.restore_checkpoint``). The plot needs matplotlib
+(``pip install -e '.[plot]'``), checked at start-up; summary.json is written
+before it is drawn.
 
     python examples/selfplay_connect_four.py --total-env-steps 300000
     python examples/selfplay_connect_four.py --smoke   # a few seconds

@@ -25,7 +25,9 @@ a cluster.
 
 Writes to ``--run-dir``: ``progress.csv`` (a row per iteration),
 ``learning_curve.png``, ``summary.json`` (random vs trained mean episode
-reward) and ``checkpoints/`` (``marl_runner.save_checkpoint``).
+reward) and ``checkpoints/`` (``marl_runner.save_checkpoint``). The plot needs
+matplotlib (``pip install -e '.[plot]'``), checked at start-up; summary.json is
+written before it is drawn.
 
     python examples/train_ppo.py --env simple_spread --total-env-steps 250000
     python examples/train_ppo.py --env kaz --runners 2 --total-env-steps 50000
