@@ -317,7 +317,19 @@ def plot_win_rates(
     baselines: dict[str, float],
     title: str,
 ) -> None:
-    """Plots ``lines`` (label -> progress column holding a rate) and ``baselines`` in percent."""
+    """Plots ``lines`` (label -> progress column holding a rate) and ``baselines`` in percent.
+
+    Lines without a single value (``--eval-every 0``: no periodic match) are left out;
+    with none left there is no curve to draw, and it says so instead of failing.
+    """
+    lines = {
+        label: column
+        for label, column in lines.items()
+        if any(math.isfinite(row[column]) for row in rows)
+    }
+    if not lines:
+        print(f"no win rate was measured during training: {path.name} not drawn")
+        return
     percent_rows = [
         {"env_steps": row["env_steps"], **{label: 100 * row[col] for label, col in lines.items()}}
         for row in rows

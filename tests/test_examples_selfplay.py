@@ -192,3 +192,17 @@ def test_the_summary_is_written_before_the_plot(example: str, tmp_path, monkeypa
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["env_steps"] == read_progress_csv(tmp_path / "progress.csv")[-1]["env_steps"]
     check_final_matches(summary["vs_random"], games=8)
+
+
+@pytest.mark.timeout(60)
+def test_selfplay_without_periodic_matches_ends_without_a_curve(tmp_path, capsys) -> None:
+    # --eval-every 0: no win rate during training, so no line to draw; the run still ends well.
+    argv = ["--total-env-steps", "100", "--steps-per-iteration", "50", "--eval-every", "0"]
+    argv += ["--eval-games", "4", "--num-envs", "2", "--run-dir", str(tmp_path)]
+    summary = selfplay_connect_four.main(argv)
+    assert "learning_curve.png not drawn" in capsys.readouterr().out
+    assert not (tmp_path / "learning_curve.png").exists()
+    rows = read_progress_csv(tmp_path / "progress.csv")
+    assert rows and all(math.isnan(row["vs_random_win"]) for row in rows)
+    assert json.loads((tmp_path / "summary.json").read_text()) == summary
+    check_final_matches(summary["vs_random"], games=4)
