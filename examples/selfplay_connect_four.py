@@ -56,6 +56,7 @@ if str(REPO) not in sys.path:  # run as a script: make `examples.train_ppo` impo
 from examples.train_ppo import (  # noqa: E402
     STAT_KEYS,
     HelpFormatter,
+    add_config_arguments,
     add_ppo_arguments,
     check_ppo_arguments,
     make_config,
@@ -87,17 +88,7 @@ def build_parser(description: str, run_name: str = "selfplay") -> argparse.Argum
         default=CONFIG,
         help=f"runner config YAML (default: {CONFIG.relative_to(REPO).as_posix()})",
     )
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="config override, as `marl-runner sample --set` (repeatable)",
-    )
-    parser.add_argument(
-        "--num-envs", type=int, default=None, help="sub-envs (default: the config's num_envs)"
-    )
+    add_config_arguments(parser)
     parser.add_argument(
         "--seed", type=int, default=1, help="seeds the envs, the weights and the minibatch order"
     )

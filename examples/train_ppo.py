@@ -92,20 +92,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--config", type=Path, default=None, help="path of a runner config YAML; wins over --env"
     )
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="config override, as `marl-runner sample --set` (repeatable)",
-    )
-    parser.add_argument(
-        "--num-envs",
-        type=int,
-        default=None,
-        help="sub-envs sampled in parallel (default: the config's num_envs)",
-    )
+    add_config_arguments(parser)
     parser.add_argument(
         "--fragment-length",
         type=int,
@@ -175,6 +162,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.eval_episodes, args.checkpoint_every = 2, 1
         args.total_env_steps = 60 * max(args.runners, 1)  # 3 iterations, runners or not
     return args
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """Two flags ``make_config`` reads besides the config itself: overrides and sub-envs.
+
+    Shared with the self-play examples.
+    """
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config override, as `marl-runner sample --set` (repeatable)",
+    )
+    parser.add_argument(
+        "--num-envs",
+        type=int,
+        default=None,
+        help="sub-envs sampled in parallel (default: the config's num_envs)",
+    )
 
 
 def add_ppo_arguments(parser: argparse.ArgumentParser) -> None:

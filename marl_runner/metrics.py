@@ -26,6 +26,22 @@ class RolloutMetrics(NamedTuple):
     connector_metrics: dict
     episode_faulty: bool = False
 
+    @classmethod
+    def of_episode(cls, episode: Any, perf_stats: dict | None = None) -> RolloutMetrics:
+        """The record of an ended episode; a faulty one reports no rewards."""
+        agent_rewards = {} if episode.faulty else episode.agent_rewards
+        return cls(
+            episode_length=episode.length,
+            episode_reward=float(sum(agent_rewards.values())),
+            agent_rewards=agent_rewards,
+            custom_metrics=dict(episode.custom_metrics),
+            perf_stats=perf_stats or {},
+            hist_data=dict(episode.hist_data),
+            media=dict(episode.media),
+            connector_metrics={},
+            episode_faulty=episode.faulty,
+        )
+
 
 class PerfStats:
     """Milliseconds per runner step for each phase: global mean or EMA.

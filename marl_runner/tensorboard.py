@@ -85,18 +85,7 @@ class TensorBoardCallbacks(Callbacks):
 
     def on_episode_end(self, *, episode: Any, **kwargs: Any) -> None:
         """Notes the episode as the runner's metrics do (faulty ones count, without rewards)."""
-        agent_rewards = {} if episode.faulty else episode.agent_rewards
-        record = RolloutMetrics(
-            episode_length=episode.length,
-            episode_reward=float(sum(agent_rewards.values())),
-            agent_rewards=agent_rewards,
-            custom_metrics=dict(episode.custom_metrics),
-            perf_stats={},
-            hist_data={},
-            media={},
-            connector_metrics={},
-            episode_faulty=episode.faulty,
-        )
+        record = RolloutMetrics.of_episode(episode)
         self._collector.add_episode(record, episode.num_late_rewards)
 
     def on_sample_end(self, *, samples: Any, **kwargs: Any) -> None:

@@ -226,8 +226,6 @@ class TorchPolicy(Policy):
             else None
         )
         states = self._state_inputs(batch)
-        if seq_lens is not None:
-            sequence_starts(seq_lens, len(model_input))  # checks they cover the rows
         if seq_lens is not None and self._recurrent:
             model_out, values = unroll(
                 self.model,
@@ -236,6 +234,8 @@ class TorchPolicy(Policy):
                 seq_lens,
             )
         else:
+            if seq_lens is not None:  # rows are independent here; still, they must be covered
+                sequence_starts(seq_lens, len(model_input))
             model_out, values, _ = self._forward(model_input, states)
         mask_t = None if mask is None else torch.from_numpy(mask).to(self.device)
         dist_inputs = self.action_head.distribution_inputs(model_out, mask_t)

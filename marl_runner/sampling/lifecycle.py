@@ -211,19 +211,7 @@ class EpisodeLifecycle:
             )
 
     def _record(self, episode: MultiAgentEpisode) -> RolloutMetrics:
-        faulty = episode.faulty
-        agent_rewards = {} if faulty else episode.agent_rewards
-        record = RolloutMetrics(
-            episode_length=episode.length,
-            episode_reward=float(sum(agent_rewards.values())),
-            agent_rewards=agent_rewards,
-            custom_metrics=dict(episode.custom_metrics),
-            perf_stats=self._perf_stats(),
-            hist_data=dict(episode.hist_data),
-            media=dict(episode.media),
-            connector_metrics={},
-            episode_faulty=faulty,
-        )
+        record = RolloutMetrics.of_episode(episode, self._perf_stats())
         self._metrics.add_episode(record, episode.num_late_rewards)
         return record
 
