@@ -9,12 +9,17 @@ STEPS ?= 20000
 
 .PHONY: run test test-fast lint bench venv clean
 
+# pip's output goes to $(INSTALL_LOG) and is shown only when an install fails, so a
+# first `make run` prints the run, not setuptools' editable-install banner.
+INSTALL_LOG := $(VENV)/install.log
+PIP := $(BIN)/pip install --disable-pip-version-check -c constraints.txt
+
 $(STAMP): pyproject.toml constraints.txt
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip -c constraints.txt
-	$(BIN)/pip install --quiet -c constraints.txt torch==2.13.0
-	$(BIN)/pip install --quiet -c constraints.txt -e ".[dev,ray]"
-	touch $(STAMP)
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@echo "Installing into $(VENV) (log: $(INSTALL_LOG)) ..."
+	@( $(PIP) --upgrade pip && $(PIP) torch==2.13.0 && $(PIP) -e ".[dev,ray]" ) \
+		> $(INSTALL_LOG) 2>&1 || { cat $(INSTALL_LOG); exit 1; }
+	@touch $(STAMP)
 
 venv: $(STAMP)
 
