@@ -257,3 +257,14 @@ def test_a_per_item_connector_sees_specs_keys_with_t_and_agent_index_from_the_ru
     assert len(runs["a2"][0]) == 10  # a2 lives through all 9 steps: reset obs + 9
     shared = batch.policy_batches["shared"]
     assert set(shared["agent_index"].tolist()) == {0, 1, 2, 3}
+
+
+def test_episode_ids_are_positive_int64_and_differ_between_runners_with_one_seed() -> None:
+    cfg = config(TESTING + "DyingAgentsEnv", batch_mode="complete_episodes", num_envs=2, seed=5)
+    ids = []
+    for _ in range(2):  # two runners, same seed: e.g. two processes or a restart
+        with EnvRunner(cfg) as runner:
+            shared = runner.sample(num_episodes=4).policy_batches["shared"]
+        assert shared["eps_id"].dtype == np.int64 and (shared["eps_id"] > 0).all()
+        ids.append(set(shared["eps_id"].tolist()))
+    assert len(ids[0]) >= 4 and not ids[0] & ids[1]

@@ -9,7 +9,6 @@ raises instead of looping.
 from __future__ import annotations
 
 import logging
-import random
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -18,6 +17,7 @@ from marl_runner.callbacks import Callbacks
 from marl_runner.envs import BaseEnv
 from marl_runner.metrics import MetricsCollector, RolloutMetrics
 from marl_runner.sampling.episode import AgentSlot, MultiAgentEpisode
+from marl_runner.sampling.episode_ids import EpisodeIds
 from marl_runner.sampling.fragments import FragmentBuilder
 from marl_runner.sampling.policy_map import PolicyMap
 from marl_runner.sampling.trajectories import KeyTable
@@ -71,7 +71,7 @@ class EpisodeLifecycle:
         self._max_episode_failures = config.max_consecutive_step_failures
         self._max_episode_steps = config.max_episode_steps
         self._warned_long_episode = False
-        self._rng = random.Random(config.seed)
+        self._episode_ids = EpisodeIds()
         self.active: dict[int, MultiAgentEpisode] = {}
         self.awaiting_reset: set[int] = set()
         # Sub-envs whose running episode is kept out of training.
@@ -183,7 +183,7 @@ class EpisodeLifecycle:
     # ---- helpers
 
     def _new_episode(self, env_id: int) -> MultiAgentEpisode:
-        return MultiAgentEpisode(self._rng.getrandbits(63), env_id, self._policy_map.map_agent)
+        return MultiAgentEpisode(self._episode_ids.next(), env_id, self._policy_map.map_agent)
 
     def _create(self, env_id: int) -> MultiAgentEpisode:
         episode = self.active[env_id] = self._new_episode(env_id)
