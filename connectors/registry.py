@@ -102,7 +102,7 @@ def check_params(name: str, cls: type[Connector], params: Mapping[str, Any]) -> 
     if not isinstance(params, Mapping):
         raise ConnectorError(f"params of connector {name!r} must be a mapping, got {params!r}")
     parameters = constructor_parameters(cls)
-    takes_any = cls.from_state.__func__ is not Connector.from_state.__func__ or any(
+    takes_any = overrides_from_state(cls) or any(
         p.kind is p.VAR_KEYWORD for p in parameters.values()
     )
     for param, value in params.items():
@@ -121,6 +121,19 @@ def check_params(name: str, cls: type[Connector], params: Mapping[str, Any]) -> 
                 f"{name}: parameter {param!r} got {value!r}, expected {describe_type(expected)}",
                 param=param,
             )
+
+
+def overrides_from_state(cls: type[Connector]) -> bool:
+    """Whether ``cls`` (or a base below ``Connector``) defines its own ``from_state``.
+
+    Read from the class dicts, not the attribute, because ``from_state`` may be
+    a classmethod, a staticmethod or a plain function and only the first has
+    a ``__func__`` to compare.
+    """
+    for klass in cls.__mro__:
+        if "from_state" in vars(klass):
+            return klass is not Connector
+    return False
 
 
 def get_connector(
