@@ -7,7 +7,8 @@ is in ``marl_runner.cli_common``.
 
 Exit codes: 0 success; 1 a failure while sampling; 2 a bad command line or
 a config that does not validate (including what it names: env, import paths,
-mapping, spaces); 130 interrupted. Errors are one line on stderr;
+mapping, spaces, so anything raised while the runner is built; ``validate``
+and ``sample`` agree on it); 130 interrupted. Errors are one line on stderr;
 ``--traceback`` adds the full trace.
 """
 
@@ -30,8 +31,10 @@ from marl_runner.cli_common import (
     EXIT_FAILURE,
     EXIT_INTERRUPTED,
     EXIT_OK,
+    CheckedMapping,
     CommandError,
     add_metrics_out_arguments,
+    build_error,
     check_imports,
     describe,
     load_config,
@@ -40,7 +43,7 @@ from marl_runner.cli_common import (
     positive_int,
     prepare_out_dir,
 )
-from marl_runner.config import ConfigError, RunnerConfig
+from marl_runner.config import RunnerConfig
 from marl_runner.display import (
     ProgressReporter,
     SampleCounts,
@@ -50,7 +53,6 @@ from marl_runner.display import (
 )
 from marl_runner.imports import ImportPathError, import_object
 from marl_runner.io import write_batch
-from marl_runner.mapping import PolicyMappingError, make_policy_mapping_fn
 from marl_runner.metrics_log import MetricsLogWriter, RunMetrics
 from marl_runner.plot_cli import add_plot_parser, run_plot
 from marl_runner.serving.cli import add_serve_parser, run_serve
@@ -232,13 +234,17 @@ def _sample(
     counts = SampleCounts()
     try:
         with contextlib.ExitStack() as stack:
-            group_options: dict[str, Any] = {}
+            group_options: dict[str, Any] = {"policy_mapping_fn": CheckedMapping(config)}
             if num_runners:
                 _require_ray()
                 # A local Ray is started for the user when no cluster is given; ended after.
                 stack.enter_context(ray_session(args.address or config.ray_address))
                 group_options["num_cpus_per_runner"] = _cpus_per_runner(num_runners)
-            group = stack.enter_context(EnvRunnerGroup(config, num_runners, **group_options))
+            try:
+                group = EnvRunnerGroup(config, num_runners, **group_options)
+            except Exception as exc:
+                raise build_error(exc, config) from exc
+            stack.enter_context(group)
             run_metrics = RunMetrics(group.get_metrics, metrics_log)
             progress = make_progress(target, unit, console, interval_s=args.progress_interval)
             try:
@@ -249,8 +255,8 @@ def _sample(
             finally:
                 # Before the group stops: on an error too, the log gets its last record.
                 metrics = run_metrics.finish()
-    except (ConfigError, ImportPathError) as exc:
-        raise CommandError(str(exc)) from exc
+    except CommandError:
+        raise
     except Exception as exc:
         raise CommandError(describe(exc), EXIT_FAILURE) from exc
 
@@ -333,20 +339,13 @@ def _run_validate(args: argparse.Namespace) -> int:
     check_imports(config)
     try:
         from marl_runner import EnvRunner  # imports torch
-        from marl_runner.envs import make_env
     except ImportError as exc:
         raise CommandError(f"the runner cannot be loaded: {exc}", EXIT_FAILURE) from exc
-    try:
-        make_env(config.env).close()
-    except Exception as exc:
-        raise CommandError(f"env: cannot build {config.env['name']!r}: {describe(exc)}") from exc
     mapping = _RecordingMapping(config)
     try:
         runner = EnvRunner(_validation_config(config), policy_mapping_fn=mapping)
-    except (ConfigError, ImportPathError, _MappingFailed) as exc:
-        raise CommandError(str(exc)) from exc
     except Exception as exc:
-        raise CommandError(f"cannot build the runner: {describe(exc)}") from exc
+        raise build_error(exc, config) from exc
     try:
         rows, unused_policies = _map_agents(runner, mapping.policy_of)
     finally:
@@ -370,31 +369,15 @@ def _run_validate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-class _MappingFailed(Exception):
-    """The user's mapping function raised for an agent."""
-
-
-class _RecordingMapping:
-    """The config's mapping, called by the runner exactly as when sampling; notes each result."""
+class _RecordingMapping(CheckedMapping):
+    """The checked mapping that also notes each agent's policy, for the table."""
 
     def __init__(self, config: RunnerConfig) -> None:
-        try:
-            self._mapping = make_policy_mapping_fn(config.policy_mapping_fn, list(config.policies))
-        except PolicyMappingError as exc:
-            raise CommandError(str(exc)) from exc
-        except (TypeError, ImportPathError) as exc:
-            raise CommandError(f"policy_mapping_fn: {exc}") from exc
+        super().__init__(config)
         self.policy_of: dict[Any, str] = {}
 
     def __call__(self, agent_id: Any, episode: Any, **kwargs: Any) -> str:
-        try:
-            policy_id = self._mapping(agent_id, episode, **kwargs)
-        except PolicyMappingError:
-            raise
-        except Exception as exc:
-            raise _MappingFailed(
-                f"policy_mapping_fn failed for agent {agent_id!r}: {describe(exc)}"
-            ) from exc
+        policy_id = super().__call__(agent_id, episode, **kwargs)
         self.policy_of[agent_id] = policy_id
         return policy_id
 

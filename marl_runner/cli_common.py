@@ -1,5 +1,6 @@
 """What every ``marl-runner`` subcommand shares: exit codes, the one-line error,
-loading a config from the command line, and preparing ``--out`` and ``--metrics-out``.
+loading a config from the command line, what a failed runner build means, and
+preparing ``--out`` and ``--metrics-out``.
 
 ``marl_runner.cli`` (the parser and ``main``) and the subcommands in other
 packages (``marl_runner.serving.cli``) import this module, never each other
@@ -12,11 +13,15 @@ import argparse
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import yaml
 
+from connectors.imports import ImportPathError
 from marl_runner.config import ConfigError, RunnerConfig
+from marl_runner.envs.errors import EnvError
 from marl_runner.io import list_batch_files
+from marl_runner.mapping import PolicyMappingError, make_policy_mapping_fn
 from marl_runner.metrics_log import MetricsLogWriter
 
 EXIT_OK = 0
@@ -48,6 +53,51 @@ def check_imports(config: RunnerConfig) -> None:
         config.check_imports()
     except ConfigError as exc:
         raise CommandError(str(exc)) from exc
+
+
+class MappingFailed(Exception):
+    """The user's mapping function raised for an agent."""
+
+
+class CheckedMapping:
+    """The config's policy mapping, naming the agent when the user's function raises.
+
+    ``validate`` and ``sample`` both hand it to the runner, so a mapping that
+    raises while the runner is built is the same one-line error (exit 2) in
+    both. Picklable, so Ray runners can take it too.
+    """
+
+    def __init__(self, config: RunnerConfig) -> None:
+        try:
+            self._mapping = make_policy_mapping_fn(config.policy_mapping_fn, list(config.policies))
+        except PolicyMappingError as exc:
+            raise CommandError(str(exc)) from exc
+        except (TypeError, ImportPathError) as exc:
+            raise CommandError(f"policy_mapping_fn: {exc}") from exc
+
+    def __call__(self, agent_id: Any, episode: Any, **kwargs: Any) -> str:
+        try:
+            return self._mapping(agent_id, episode, **kwargs)
+        except PolicyMappingError:
+            raise
+        except Exception as exc:
+            raise MappingFailed(
+                f"policy_mapping_fn failed for agent {agent_id!r}: {describe(exc)}"
+            ) from exc
+
+
+def build_error(exc: Exception, config: RunnerConfig) -> CommandError:
+    """What an exception raised while building the runner means: always a bad config (exit 2).
+
+    Building runs only what the config names (env constructor, policies,
+    connector chains, the mapping of the env's agents), so ``validate`` and
+    ``sample`` both call this and agree on the exit code and the message.
+    """
+    if isinstance(exc, (ConfigError, ImportPathError, MappingFailed)):
+        return CommandError(str(exc))
+    if isinstance(exc, EnvError):
+        return CommandError(f"env: cannot build {config.env['name']!r}: {describe(exc)}")
+    return CommandError(f"cannot build the runner: {describe(exc)}")
 
 
 def prepare_out_dir(out_dir: Path, config: RunnerConfig) -> None:

@@ -99,6 +99,7 @@ _ENV_KEYS = tuple(ENV_KEYS)
 _POLICY_KEYS = tuple(POLICY_KEYS)
 _SPACE_TYPES = ("Discrete", "Box", "MultiDiscrete", "MultiBinary", "Dict", "Tuple")
 _CUDA_DEVICE = re.compile(r"cuda:\d+")
+_POLICY_ID = re.compile(r"[A-Za-z0-9_.-]+")
 
 
 class ConfigError(ValueError):
@@ -222,7 +223,8 @@ class RunnerConfig:
         "acts in Box(-1, 1) of the env's shape) instead of clipping them to the bounds.",
     )
     policies: dict[str, PolicySpec] = _required(
-        "Policy id -> policy spec (keys below). Spaces not given are taken from the env "
+        "Policy id -> policy spec (keys below). Ids name batch columns and files, so they "
+        "use letters, digits, '_', '.' and '-' only. Spaces not given are taken from the env "
         "agents mapped to the policy. Required, at least one.",
     )
     policy_mapping_fn: str | dict[str, str] | None = _key(
@@ -495,10 +497,24 @@ def _check_policies(policies: Any) -> dict[str, PolicySpec]:
         raise ConfigError("policies", f"is empty; {_REQUIRED_HINTS['policies']}")
     out: dict[str, PolicySpec] = {}
     for pid, spec in policies.items():
-        if not isinstance(pid, str) or not pid:
-            raise ConfigError(f"policies.{pid}", f"policy id {pid!r} must be a non-empty string")
+        _check_policy_id(pid)
         out[pid] = _check_policy(pid, spec)
     return out
+
+
+def _check_policy_id(pid: Any) -> None:
+    """Policy ids name batch columns and file-name parts (``--out``), so they must be safe there."""
+    if not isinstance(pid, str) or not pid:
+        raise ConfigError(f"policies.{pid}", f"policy id {pid!r} must be a non-empty string")
+    if _POLICY_ID.fullmatch(pid) and pid not in (".", ".."):
+        return
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", pid).strip("._")
+    hint = f" (did you mean {safe!r}?)" if safe else ""
+    raise ConfigError(
+        f"policies.{pid}",
+        f"policy id {pid!r} cannot be part of a file name{hint}; expected letters, digits, "
+        "'_', '.' and '-' only, and not '.' or '..'",
+    )
 
 
 def _check_policy(pid: str, spec: Any) -> PolicySpec:

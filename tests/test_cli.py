@@ -165,8 +165,9 @@ class FakeRunner:
     script: list[FakeSample | BaseException] = []
     instances: list[FakeRunner] = []
 
-    def __init__(self, config: RunnerConfig) -> None:
+    def __init__(self, config: RunnerConfig, **kwargs: Any) -> None:
         self.config = config
+        self.kwargs = kwargs  # what the group passes on: the CLI's checked mapping
         self.calls = 0
         self.stopped = False
         self.policy_map: dict[str, Any] = {}  # no observation filters to sync

@@ -181,19 +181,9 @@ def test_validate_names_the_key(
     one_line_error(captured.err, "marl-runner validate: error:", *words)
 
 
-@pytest.mark.parametrize(("changes", "words"), BUILD_TIME_ERRORS)
-def test_sample_agrees_with_validate(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], changes: dict, words: list[str]
-) -> None:
-    """Both commands reject the config with exit 2 and the same dotted key."""
-    path = write_config(tmp_path, **changes)
-    assert main(["sample", str(path), "--steps", "5"]) == 2
-    one_line_error(capsys.readouterr().err, "marl-runner sample: error:", words[0])
-
-
-@pytest.mark.parametrize(
-    ("changes", "words"),
-    [
+#: Configs rejected when loaded or built, and words of the error; validate and sample
+#: (issue 17.12) must both exit 2 with the same message.
+REJECTED_CONFIGS = [
         ({"num_env": 3}, ["run.yaml", "num_env: unknown key", "num_envs"]),
         (archer(model={"type": "gru"}), ["policies.archer.model.type", "'mlp'"]),
         (
@@ -223,8 +213,23 @@ def test_sample_agrees_with_validate(
             ],
         ),
         ({"vectorize": "subproces"}, ["vectorize", "did you mean 'subprocess'"]),
-    ],
-)
+    pytest.param(
+        {"env": {"name": f"{MODULE}:BrokenEnv", "config": {"sise": 3}}},
+        [f"env: cannot build '{MODULE}:BrokenEnv'", "'sise'"],
+        id="env-constructor-raises",
+    ),
+    pytest.param(
+        {
+            "policies": {"../../evil": {}, "knight": {}},
+            "policy_mapping_fn": {"archer_*": "../../evil", "knight_*": "knight"},
+        },
+        ["policies.../../evil", "file name", "did you mean 'evil'"],
+        id="policy-id-not-a-file-name",
+    ),
+]
+
+
+@pytest.mark.parametrize(("changes", "words"), REJECTED_CONFIGS)
 def test_rejects_bad_configs(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], changes: dict[str, Any], words: list[str]
 ) -> None:
@@ -235,10 +240,31 @@ def test_rejects_bad_configs(
     one_line_error(captured.err, "marl-runner validate: error:", *words)
 
 
-def test_env_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    env = {"name": f"{MODULE}:BrokenEnv", "config": {"sise": 3}}
-    assert main(["validate", str(write_config(tmp_path, env=env))]) == 2
-    one_line_error(capsys.readouterr().err, f"env: cannot build '{MODULE}:BrokenEnv'", "'sise'")
+@pytest.mark.parametrize(("changes", "words"), REJECTED_CONFIGS + BUILD_TIME_ERRORS)
+def test_sample_and_validate_give_the_same_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], changes: dict[str, Any], words: list[str]
+) -> None:
+    """Issue 17.12: same exit code and message, also with --out (which writes policy ids)."""
+    path = write_config(tmp_path, **changes)
+    assert main(["validate", str(path)]) == 2
+    validate_error = one_line_error(capsys.readouterr().err, *words)
+    assert main(["sample", str(path), "--steps", "5", "--out", str(tmp_path / "out")]) == 2
+    sample_error = one_line_error(capsys.readouterr().err, *words)
+    assert sample_error.replace("marl-runner sample:", "marl-runner validate:") == validate_error
+    assert not list((tmp_path / "out").glob("batch_*"))
+
+
+@pytest.mark.parametrize("pid", ["archer-1", "archer.v2", "ARCHER_0", "a..b"])
+def test_file_name_safe_policy_ids_pass(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], pid: str
+) -> None:
+    path = write_config(
+        tmp_path,
+        policies={pid: {}, "knight": {}},
+        policy_mapping_fn={"archer_*": pid, "knight_*": "knight"},
+    )
+    assert main(["sample", str(path), "--steps", "5", "--out", str(tmp_path / "out")]) == 0
+    assert list((tmp_path / "out").glob("batch_*"))
 
 
 def test_traceback_flag_shows_the_cause(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
