@@ -10,6 +10,7 @@ vector env: `num_envs` slots mean at most that many episodes at once.
 from __future__ import annotations
 
 import itertools
+import math
 import threading
 import time
 import uuid
@@ -17,11 +18,15 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from marl_runner.envs.errors import EpisodeFault
 from marl_runner.envs.multi_agent_env import AgentID, MultiAgentDict
 
 # How many finished episode ids are remembered, to tell "finished" from "unknown".
 _FINISHED_MEMORY = 100_000
+# Batches store rewards as float32: a reward (or a sum of them) beyond this would be inf.
+_REWARD_LIMIT = float(np.finfo(np.float32).max)
 
 
 class ExternalEnvStopped(RuntimeError):
@@ -105,6 +110,11 @@ class EpisodeBoard:
     # ------------------------------------------------------------------ client side
 
     def start_episode(self, episode_id: Any = None, training_enabled: bool = True) -> Any:
+        """Takes a free slot for a new episode (waiting for one) and returns the episode's id.
+
+        Waits at most `episode_timeout_s` (`TimeoutError`), so a full server
+        answers instead of holding the caller forever.
+        """
         with self._lock:
             self._raise_if_stopped("start_episode")
             if episode_id is None:
@@ -132,6 +142,11 @@ class EpisodeBoard:
             return episode_id
 
     def get_action(self, episode_id: Any, obs: MultiAgentDict) -> MultiAgentDict:
+        """Queues `obs` as the episode's next step and blocks until the runner's actions come.
+
+        Waiting without the lock lets the runner batch this step with other
+        episodes' steps into one forward pass.
+        """
         reply = _Reply()
         with self._lock:
             episode = self._running(episode_id, "get_action")
@@ -149,6 +164,7 @@ class EpisodeBoard:
         return reply.actions
 
     def log_action(self, episode_id: Any, obs: MultiAgentDict, actions: MultiAgentDict) -> None:
+        """Queues a step whose actions the env chose itself; returns without waiting."""
         if not isinstance(actions, dict):
             raise ValueError(
                 f"log_action({episode_id!r}): actions must be a dict agent_id -> action, "
@@ -168,6 +184,12 @@ class EpisodeBoard:
     def log_returns(
         self, episode_id: Any, rewards: MultiAgentDict, infos: MultiAgentDict | None = None
     ) -> None:
+        """Adds rewards (and infos) to what the episode's next step carries.
+
+        Rewards are checked, and their sums since the last step too, before
+        anything is added: the batch stores them as float32, so a sum beyond
+        float32 would become inf in every later computation.
+        """
         if not isinstance(rewards, dict):
             raise ValueError(
                 f"log_returns({episode_id!r}): rewards must be a dict agent_id -> float, "
@@ -178,16 +200,31 @@ class EpisodeBoard:
                 f"log_returns({episode_id!r}): infos must be a dict agent_id -> dict or None, "
                 f"got {type(infos).__name__}"
             )
+        bad_info = next(
+            (a for a, info in (infos or {}).items() if info is not None and not isinstance(info, dict)),
+            None,
+        )
+        if bad_info is not None:
+            raise ValueError(
+                f"log_returns({episode_id!r}): info of agent {bad_info!r} is a "
+                f"{type(infos[bad_info]).__name__}; expected a dict or None"
+            )
         values = {agent: _reward(agent, reward, episode_id) for agent, reward in rewards.items()}
         with self._lock:
             episode = self._running(episode_id, "log_returns")
-            for agent, reward in values.items():
-                episode.rewards[agent] = episode.rewards.get(agent, 0.0) + reward
+            totals = {agent: episode.rewards.get(agent, 0.0) + r for agent, r in values.items()}
+            for agent, total in totals.items():
+                _check_reward(agent, total, episode_id, "add up to")
+            episode.rewards.update(totals)
             for agent, info in (infos or {}).items():
                 episode.infos.setdefault(agent, {}).update(info or {})
             episode.last_call = time.monotonic()
 
     def end_episode(self, episode_id: Any, obs: MultiAgentDict, truncated: bool = False) -> None:
+        """Ends the episode with its final obs; its slot frees once the runner consumed it.
+
+        An episode the runner never saw frees its slot at once.
+        """
         with self._lock:
             episode = self._running(episode_id, "end_episode")
             obs = _check_obs(obs, episode_id, "end_episode", allow_empty=True)
@@ -375,11 +412,21 @@ def _check_obs(
 
 def _reward(agent: AgentID, reward: Any, episode_id: Any) -> float:
     try:
-        return float(reward)
-    except (TypeError, ValueError):
+        value = float(reward)
+    except (TypeError, ValueError, OverflowError):
         raise ValueError(
             f"log_returns({episode_id!r}): reward of agent {agent!r} is {reward!r}; expected a number"
         ) from None
+    _check_reward(agent, value, episode_id, "is")
+    return value
+
+
+def _check_reward(agent: AgentID, value: float, episode_id: Any, verb: str) -> None:
+    if not math.isfinite(value) or abs(value) > _REWARD_LIMIT:
+        raise ValueError(
+            f"log_returns({episode_id!r}): rewards of agent {agent!r} {verb} {value:g}; expected "
+            f"finite values within +-{_REWARD_LIMIT:.4g} (the float32 reward column)"
+        )
 
 
 def _hashable(value: Any) -> bool:

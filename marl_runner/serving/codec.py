@@ -61,13 +61,19 @@ def encode(value: Any, content_type: str = BINARY) -> bytes:
     return b"".join([_MAGIC, _HEADER_LEN.pack(len(header)), header, *(a.tobytes() for a in arrays)])
 
 
-def decode(body: bytes, content_type: str = BINARY) -> Any:
-    """The value a body carries; raises `CodecError` on anything malformed."""
+def decode(body: bytes | bytearray | str, content_type: str = BINARY) -> Any:
+    """The value a body carries; raises `CodecError` on anything malformed.
+
+    A JSON body may come as text already (`json_text`).
+    """
     if content_type == JSON:
+        text = body if isinstance(body, str) else json_text(body)
         try:
-            return json.loads(body.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+            return json.loads(text)
+        except (ValueError, RecursionError) as exc:
             raise CodecError(f"body is not valid JSON: {exc}") from None
+    if isinstance(body, str):
+        raise CodecError(f"a {BINARY} body must be bytes, got text")
     if content_type != BINARY:
         raise CodecError(f"content type {content_type!r}: expected one of {list(CONTENT_TYPES)}")
     if len(body) < len(_MAGIC) + _HEADER_LEN.size or not body.startswith(_MAGIC):
@@ -91,6 +97,14 @@ def decode(body: bytes, content_type: str = BINARY) -> Any:
         return _untag(header["tree"], arrays)
     except RecursionError:
         raise CodecError("body nests too deeply") from None
+
+
+def json_text(body: bytes | bytearray) -> str:
+    """A JSON body as text, so the caller can drop the bytes before the (bigger) parse."""
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CodecError(f"body is not valid JSON: {exc}") from None
 
 
 # ----------------------------------------------------------------------------- encoding

@@ -1,12 +1,18 @@
 """`PolicyServer`: an EnvRunner with `vectorize: external` behind an HTTP endpoint.
 
-Standard library only (`http.server`, one thread per connection, HTTP/1.1
-keep-alive). Each request is one of the five external-env calls, or, for
-clients that run the policies themselves (`inference_mode="local"`), a
-download of the spaces/config and of the current weights and connector
-state, or an upload of experience batches. Bodies use `codec` (never
-pickle); every value is checked (`validation`) before it reaches the env,
-so a bad request costs a 4xx, never the server.
+Standard library only (`http.server`, HTTP/1.1 keep-alive). Each request is
+one of the five external-env calls, or, for clients that run the policies
+themselves (`inference_mode="local"`), a download of the spaces/config and
+of the current weights and connector state, or an upload of experience
+batches. Bodies use `codec` (never pickle); every value is checked
+(`validation`, `batches`) before it reaches the env, so a bad request costs
+a 4xx, never the server.
+
+Capacity is bounded (`http_pool`): connections are served by a fixed pool of
+worker threads (more wait in a 256-deep listen backlog), idle keep-alive
+connections close after a few seconds, and request bodies in flight share a
+memory budget (a request that finds none within `BODY_WAIT_S` gets 503 with
+`Retry-After`).
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import queue
 import threading
 from collections.abc import Callable
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from marl_runner.config import space_to_spec
@@ -31,6 +37,7 @@ from marl_runner.envs.external_episodes import ExternalEnvStopped
 from marl_runner.envs.external_vector_env import ExternalVectorEnv
 from marl_runner.serving import codec
 from marl_runner.serving.batches import batch_from_value
+from marl_runner.serving.http_pool import BodyBudget, PooledHTTPServer
 from marl_runner.serving.validation import (
     RequestError,
     agent_values,
@@ -44,8 +51,18 @@ logger = logging.getLogger(__name__)
 
 API_PREFIX = "/v1/"
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
-# A keep-alive connection with no request for this long is closed.
-IDLE_CONNECTION_TIMEOUT_S = 300.0
+# A keep-alive connection with no request for this long is closed, so that idle
+# clients do not hold the pool's workers; `PolicyClient` reconnects by itself.
+IDLE_CONNECTION_TIMEOUT_S = 5.0
+# Worker threads serving connections: at least this many, and enough for every episode
+# slot to have a caller waiting in start_episode/get_action with room to spare.
+MIN_WORKERS = 64
+# Estimated peak memory per body byte while a request is decoded and checked (JSON
+# numbers become Python objects; binary arrays are copied out of the body once).
+JSON_MEMORY_FACTOR = 6
+BINARY_MEMORY_FACTOR = 2
+# How long a request waits for room in the memory budget before a 503.
+BODY_WAIT_S = 5.0
 
 
 class ServerSetupError(ValueError):
@@ -127,6 +144,12 @@ class PolicyServer:
     Binding anything but a loopback address needs `token`: clients then send
     `Authorization: Bearer <token>` or get 401. A token on loopback is
     enforced too.
+
+    `max_workers` threads serve connections (default: `MIN_WORKERS`, or
+    2 * num_envs + 16 when that is more, so every episode slot can have a
+    waiting caller). `max_bytes_in_flight` bounds the estimated memory of the
+    bodies being decoded at once (default: 4 * `max_body_bytes`, at least
+    256 MB).
     """
 
     def __init__(
@@ -137,6 +160,8 @@ class PolicyServer:
         *,
         token: str | None = None,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        max_workers: int | None = None,
+        max_bytes_in_flight: int | None = None,
     ) -> None:
         if not isinstance(runner.env, ExternalVectorEnv):
             raise ServerSetupError(
@@ -155,7 +180,12 @@ class PolicyServer:
         self.state_sync = StateSync()
         self.uploads: queue.SimpleQueue = queue.SimpleQueue()
         self.num_uploaded = 0
-        self._httpd = _HTTPServer((host, port), _Handler)
+        if max_workers is None:
+            max_workers = max(MIN_WORKERS, 2 * runner.env.num_envs + 16)
+        if max_bytes_in_flight is None:
+            max_bytes_in_flight = max(4 * max_body_bytes, 256 * 1024 * 1024)
+        self.body_budget = BodyBudget(max_bytes_in_flight)
+        self._httpd = _HTTPServer((host, port), _Handler, max_workers)
         self._httpd.policy_server = self
         self._thread: threading.Thread | None = None
 
@@ -170,6 +200,7 @@ class PolicyServer:
         return host, port
 
     def start(self) -> PolicyServer:
+        """Serves HTTP requests from a background thread; returns `self`."""
         self._thread = threading.Thread(
             target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1},
             name="marl-runner-http", daemon=True,
@@ -187,6 +218,11 @@ class PolicyServer:
             self.state_sync.refresh(runner)
 
     def drain_uploads(self, on_output: Callable[[Any], None]) -> None:
+        """Hands the batches uploaded since the last call to `on_output`, in the caller's thread.
+
+        Uploads are checked in the request's thread but written by the
+        sampling loop, so one writer owns `--out`.
+        """
         while True:
             try:
                 batch = self.uploads.get_nowait()
@@ -196,6 +232,7 @@ class PolicyServer:
             on_output(batch)
 
     def close(self) -> None:
+        """Stops accepting requests; workers end after their current connection."""
         self._httpd.shutdown()
         self._httpd.server_close()
         if self._thread is not None:
@@ -226,23 +263,26 @@ class PolicyServer:
 
     def _get_action(self, body: dict) -> dict:
         episode_id = episode_id_of(body)
-        obs = agent_values(body, "obs", self.env.get_observation_space)
+        obs = self._observations(body)
         return {"actions": self.env.get_action(episode_id, obs)}
 
     def _log_action(self, body: dict) -> dict:
         episode_id = episode_id_of(body)
-        obs = agent_values(body, "obs", self.env.get_observation_space)
+        obs = self._observations(body)
         actions = agent_values(body, "actions", self.env.get_action_space)
         self.env.log_action(episode_id, obs, actions)
         return {}
 
     def _log_returns(self, body: dict) -> dict:
-        self.env.log_returns(episode_id_of(body), rewards_of(body), infos_of(body))
+        episode_id = episode_id_of(body)
+        rewards = rewards_of(body, self.env.get_observation_space)
+        infos = infos_of(body, self.env.get_action_space)
+        self.env.log_returns(episode_id, rewards, infos)
         return {}
 
     def _end_episode(self, body: dict) -> dict:
         episode_id = episode_id_of(body)
-        obs = agent_values(body, "obs", self.env.get_observation_space, allow_empty=True)
+        obs = self._observations(body, allow_empty=True)
         truncated = body.get("truncated", False)
         if not isinstance(truncated, bool):
             raise RequestError(f"truncated: {truncated!r} is not true/false")
@@ -250,8 +290,14 @@ class PolicyServer:
         return {}
 
     def _experiences(self, body: dict) -> dict:
-        self.uploads.put(batch_from_value(body, set(self.runner.policy_map)))
+        self.uploads.put(batch_from_value(body, self.runner.policy_map))
         return {}
+
+    def _observations(self, body: dict, *, allow_empty: bool = False) -> dict:
+        return agent_values(
+            body, "obs", self.env.get_observation_space, allow_empty=allow_empty,
+            action_space_of=self.env.get_action_space,
+        )
 
     def _info(self, body: Any) -> dict:
         agents = list(self.env.possible_agents)
@@ -286,6 +332,7 @@ _STATUS_OF: tuple[tuple[type[BaseException], HTTPStatus], ...] = (
     (ExternalEnvStopped, HTTPStatus.SERVICE_UNAVAILABLE),
     (TimeoutError, HTTPStatus.SERVICE_UNAVAILABLE),
     (NotImplementedError, HTTPStatus.NOT_IMPLEMENTED),
+    (MemoryError, HTTPStatus.SERVICE_UNAVAILABLE),
     (ValueError, HTTPStatus.BAD_REQUEST),  # RequestError, CodecError, unknown episodes
 )
 
@@ -296,8 +343,7 @@ class _HTTPError(Exception):
         self.status = status
 
 
-class _HTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
+class _HTTPServer(PooledHTTPServer):
     policy_server: PolicyServer
 
     def handle_error(self, request: Any, client_address: Any) -> None:
@@ -333,19 +379,43 @@ class _Handler(BaseHTTPRequestHandler):
             self._refuse(HTTPStatus.NOT_FOUND, f"no endpoint {self.path!r}; the API lives under "
                          f"{API_PREFIX}", content_type)
             return
-        body = None
         if method == "POST":
             if self.headers.get("Content-Type", "").split(";")[0].strip() not in codec.CONTENT_TYPES:
                 self._refuse(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, f"Content-Type must be one of "
                              f"{list(codec.CONTENT_TYPES)}; nothing else is decoded", codec.JSON)
                 return
-            raw = self._read_body(server.max_body_bytes, content_type)
+            length = self._body_length(server.max_body_bytes, content_type)
+            if length is None:
+                return
+            factor = JSON_MEMORY_FACTOR if content_type == codec.JSON else BINARY_MEMORY_FACTOR
+            reserved = server.body_budget.reserve(length * factor, BODY_WAIT_S)
+            if reserved is None:
+                self._refuse(HTTPStatus.SERVICE_UNAVAILABLE, f"the server is decoding "
+                             f"{server.body_budget.in_flight} bytes' worth of other bodies; retry "
+                             "in a moment", content_type, {"Retry-After": "1"})
+                return
+            try:
+                self._answer(server, method, content_type, length)
+            finally:
+                server.body_budget.release(reserved)
+        else:
+            self._answer(server, method, content_type, None)
+
+    def _answer(self, server: PolicyServer, method: str, content_type: str, length: int | None) -> None:
+        """Reads the body (if any), runs the call and sends its answer; errors become statuses."""
+        body = None
+        if length is not None:
+            raw = self._read_body(length)
             if raw is None:
                 return
         try:
-            if method == "POST":
+            if length is not None:
+                if content_type == codec.JSON:
+                    raw = codec.json_text(raw)  # the bytes are freed before parsing
                 body = codec.decode(raw, content_type)
+                del raw
             result = server.call(method, self.path[len(API_PREFIX):].split("?")[0], body)
+            del body
             payload = result if isinstance(result, bytes) else codec.encode(result, content_type)
             if isinstance(result, bytes):
                 content_type = codec.BINARY
@@ -373,7 +443,8 @@ class _Handler(BaseHTTPRequestHandler):
         expected = f"Bearer {token}"
         return hmac.compare_digest(given.encode("utf-8", "replace"), expected.encode("utf-8"))
 
-    def _read_body(self, limit: int, content_type: str) -> bytes | None:
+    def _body_length(self, limit: int, content_type: str) -> int | None:
+        """The declared body length, or None after refusing a chunked, missing or oversized one."""
         if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
             self._refuse(HTTPStatus.LENGTH_REQUIRED, "chunked bodies are not accepted; send "
                          "Content-Length", content_type)
@@ -391,29 +462,50 @@ class _Handler(BaseHTTPRequestHandler):
                          f"body of {length} bytes is over the server's limit of {limit} bytes",
                          content_type)
             return None
+        return length
+
+    def _read_body(self, length: int) -> bytearray | None:
+        """`length` bytes read into one buffer (no second copy); None if the client went away."""
+        raw = bytearray(length)
+        view = memoryview(raw)
+        received = 0
         try:
-            raw = self.rfile.read(length)
+            while received < length:
+                count = self.rfile.readinto(view[received:])
+                if not count:
+                    break
+                received += count
         except (TimeoutError, OSError):
-            self.close_connection = True
-            return None
-        if len(raw) != length:
+            received = -1
+        finally:
+            view.release()
+        if received != length:
             self.close_connection = True  # the client went away mid-body
             return None
         return raw
 
-    def _refuse(self, status: HTTPStatus, message: str, content_type: str) -> None:
+    def _refuse(
+        self, status: HTTPStatus, message: str, content_type: str, headers: dict | None = None
+    ) -> None:
         """An error answered before the body was read: the connection cannot be reused."""
         self.close_connection = True
-        self._send(status, {"error": message, "type": "HTTPError"}, content_type)
+        payload = codec.encode({"error": message, "type": "HTTPError"}, content_type)
+        self._send_bytes(status, payload, content_type, headers)
 
     def _send(self, status: HTTPStatus, value: dict, content_type: str) -> None:
         self._send_bytes(status, codec.encode(value, content_type), content_type)
 
-    def _send_bytes(self, status: HTTPStatus, payload: bytes, content_type: str) -> None:
+    def _send_bytes(
+        self, status: HTTPStatus, payload: bytes, content_type: str, headers: dict | None = None
+    ) -> None:
+        if self.server.saturated:
+            self.close_connection = True  # other connections wait for a worker: take turns
         try:
             self.send_response(status)
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(payload)))
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
             if self.close_connection:
                 self.send_header("Connection", "close")
             self.end_headers()

@@ -1,80 +1,117 @@
 """Untrusted request values checked and converted before they reach the env or the runner.
 
-A wrong shape, dtype or agent id from a client must become a 400 for that
-request, never an exception inside the runner's loop (which would stop the
-server for everyone). Values are converted to each agent's space, so JSON
-clients may send plain nested lists.
+A wrong shape, dtype, value or agent id from a client must become a 400 for
+that request, never an exception inside the runner's loop (which would stop
+the server for everyone) nor a value that poisons shared state (a NaN in an
+observation filter). Every check runs before the request touches the episode.
+Values are converted to each agent's space, so JSON clients may send plain
+nested lists; messages name the agent and the field (`observation of agent
+'a0' has a NaN at index 3`).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
+from marl_runner.serving.value_checks import (
+    ACTION_MASK,
+    RequestError,
+    check_action_mask,
+    finite_reward,
+    json_safe,
+    real_array,
+    refuse_first,
+    short,
+    to_space,
+)
+
+__all__ = [
+    "RequestError",
+    "agent_values",
+    "episode_id_of",
+    "filter_deltas_of",
+    "infos_of",
+    "rewards_of",
+    "to_space",
+]
+
 MAX_ID_LENGTH = 256
-
-
-class RequestError(ValueError):
-    """A request whose content does not fit what the server expects (answered with 400)."""
+MAX_FILTER_COUNT = 2**53  # counts beyond this lose precision in the float64 merge
+# How each body field is named in messages.
+_FIELD_NAMES = {"obs": "observation", "actions": "action"}
 
 
 def episode_id_of(body: dict, *, required: bool = True) -> Any:
+    """`body["episode_id"]`: a non-empty string of at most `MAX_ID_LENGTH` characters."""
     value = body.get("episode_id")
     if value is None and not required:
         return None
     if not isinstance(value, str) or not 0 < len(value) <= MAX_ID_LENGTH:
-        raise RequestError(f"episode_id {_short(value)}: expected a string of 1..{MAX_ID_LENGTH} chars")
+        raise RequestError(f"episode_id {short(value)}: expected a string of 1..{MAX_ID_LENGTH} chars")
     return value
 
 
 def agent_values(
     body: dict,
     key: str,
-    space_of: Callable[[Any], gym.Space] | None,
+    space_of: Callable[[Any], gym.Space],
     *,
     allow_empty: bool = False,
+    action_space_of: Callable[[Any], gym.Space] | None = None,
 ) -> dict[Any, Any]:
-    """`body[key]` as a dict agent_id -> value converted to the agent's space."""
+    """`body[key]` as a dict agent_id -> value converted to the agent's space.
+
+    With `action_space_of`, an `action_mask` entry of a Dict value (a Dict
+    observation carrying its mask) must allow some action of that space.
+    """
     values = body.get(key)
     if not isinstance(values, dict):
         raise RequestError(f"{key}: expected an object agent_id -> value, got {_kind(values)}")
     if not values and not allow_empty:
         raise RequestError(f"{key}: expected at least one agent")
-    if space_of is None:
-        return values
     out = {}
     for agent, value in values.items():
-        try:
-            space = space_of(agent)
-        except Exception:
-            raise RequestError(f"{key}: unknown agent {_short(agent)}") from None
-        out[agent] = to_space(space, value, f"{key}[{agent!r}]")
+        space = _agent_space(space_of, agent, key)
+        where = f"{_FIELD_NAMES.get(key, key)} of agent {agent!r}"
+        out[agent] = to_space(space, value, where)
+        if action_space_of is not None and isinstance(out[agent], dict) and ACTION_MASK in out[agent]:
+            check_action_mask(out[agent][ACTION_MASK], action_space_of(agent), f"{where}[{ACTION_MASK!r}]")
     return out
 
 
-def rewards_of(body: dict) -> dict[Any, float]:
+def rewards_of(body: dict, space_of: Callable[[Any], gym.Space]) -> dict[Any, float]:
+    """`body["rewards"]`: finite rewards (float32-sized) of agents the env has."""
     rewards = body.get("rewards")
     if not isinstance(rewards, dict):
         raise RequestError(f"rewards: expected an object agent_id -> number, got {_kind(rewards)}")
     out = {}
     for agent, reward in rewards.items():
-        if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
-            raise RequestError(f"rewards[{agent!r}]: {_short(reward)} is not a finite number")
-        out[agent] = float(reward)
+        _agent_space(space_of, agent, "rewards")
+        out[agent] = finite_reward(reward, f"reward of agent {agent!r}")
     return out
 
 
-def infos_of(body: dict) -> dict[Any, dict] | None:
+def infos_of(body: dict, action_space_of: Callable[[Any], gym.Space]) -> dict[Any, dict] | None:
+    """`body["infos"]`: JSON-safe dicts of agents the env has (an `action_mask` must fit)."""
     infos = body.get("infos")
     if infos is None:
         return None
-    if not isinstance(infos, dict) or not all(isinstance(v, dict) for v in infos.values()):
-        raise RequestError("infos: expected an object agent_id -> object, or null")
-    return infos
+    if not isinstance(infos, dict):
+        raise RequestError(f"infos: expected an object agent_id -> object, or null, got {_kind(infos)}")
+    out = {}
+    for agent, info in infos.items():
+        action_space = _agent_space(action_space_of, agent, "infos")
+        where = f"infos of agent {agent!r}"
+        if not isinstance(info, dict):
+            raise RequestError(f"{where}: expected an object, got {_kind(info)}")
+        out[agent] = json_safe(info, where)
+        if ACTION_MASK in out[agent]:
+            check_action_mask(out[agent][ACTION_MASK], action_space, f"{where}[{ACTION_MASK!r}]")
+    return out
 
 
 def filter_deltas_of(body: dict, policy_map: dict) -> dict[tuple[str, int], dict]:
@@ -85,55 +122,53 @@ def filter_deltas_of(body: dict, policy_map: dict) -> dict[tuple[str, int], dict
     out = {}
     for item in deltas:
         if not (isinstance(item, list) and len(item) == 3 and isinstance(item[2], dict)):
-            raise RequestError(f"filter_deltas item {_short(item)}: expected [policy_id, index, stats]")
+            raise RequestError(f"filter_deltas item {short(item)}: expected [policy_id, index, stats]")
         policy_id, index, stats = item
-        chain = policy_map[policy_id].agent_connectors if policy_id in policy_map else None
+        chain = policy_map[policy_id].agent_connectors if _is_key(policy_id, policy_map) else None
         if (
             chain is None or isinstance(index, bool) or not isinstance(index, int)
             or not 0 <= index < len(chain) or not hasattr(chain[index], "pop_delta")
         ):
-            raise RequestError(f"filter_deltas: policy {_short(policy_id)} has no filter at {_short(index)}")
-        if set(stats) != {"count", "mean", "m2"}:
-            raise RequestError("filter_deltas stats: expected the keys count, mean, m2")
-        out[(policy_id, index)] = stats
+            raise RequestError(f"filter_deltas: policy {short(policy_id)} has no filter at {short(index)}")
+        out[(policy_id, index)] = _filter_stats(stats, chain[index], f"filter_deltas[{policy_id!r}, {index}]")
     return out
 
 
-def to_space(space: gym.Space, value: Any, where: str) -> Any:
-    """`value` converted to an element of `space`; `RequestError` when it does not fit."""
-    if isinstance(space, gym.spaces.Discrete):
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-            raise RequestError(f"{where}: {_short(value)} is not an integer of {space}")
-        if not space.contains(np.int64(value)):
-            raise RequestError(f"{where}: {value} is outside {space}")
-        return int(value)
-    if isinstance(space, gym.spaces.Dict):
-        if not isinstance(value, dict) or set(value) != set(space.spaces):
-            raise RequestError(f"{where}: expected an object with keys {sorted(space.spaces)}")
-        return {k: to_space(sub, value[k], f"{where}[{k!r}]") for k, sub in space.spaces.items()}
-    if isinstance(space, gym.spaces.Tuple):
-        if not isinstance(value, (list, tuple)) or len(value) != len(space.spaces):
-            raise RequestError(f"{where}: expected a list of {len(space.spaces)} values")
-        return tuple(to_space(sub, v, f"{where}[{i}]") for i, (sub, v) in enumerate(zip(space.spaces, value)))
-    if isinstance(space, (gym.spaces.Box, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)):
-        try:
-            array = np.asarray(value)
-        except Exception:
-            raise RequestError(f"{where}: not an array") from None
-        if array.dtype.kind not in "biuf":
-            raise RequestError(f"{where}: expected numbers, got an array of {array.dtype}")
-        if array.shape != space.shape:
-            raise RequestError(f"{where}: shape {array.shape}, expected {space.shape} of {space}")
-        if array.dtype.kind == "f" and not isinstance(space, gym.spaces.Box):
-            raise RequestError(f"{where}: expected integers for {space}")
-        return array.astype(space.dtype, copy=False)
-    raise RequestError(f"{where}: the server cannot check values of {space} from clients")
+def _filter_stats(stats: dict, connector: Any, where: str) -> dict:
+    """Finite statistics shaped like the filter's: a NaN here would poison it for everyone."""
+    if set(stats) != {"count", "mean", "m2"}:
+        raise RequestError(f"{where}: expected the keys count, mean, m2, got {sorted(map(str, stats))}")
+    count = stats["count"]
+    if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= MAX_FILTER_COUNT:
+        raise RequestError(f"{where}: count {short(count)} is not an int in [0, {MAX_FILTER_COUNT}]")
+    current = connector.get_state()
+    shape = None if current is None else real_array(current["mean"], where).shape
+    arrays = {}
+    for name in ("mean", "m2"):
+        array = real_array(stats[name], f"{where} {name}").astype(np.float64)
+        if shape is not None and array.shape != shape:
+            raise RequestError(f"{where} {name}: shape {array.shape}, expected {shape}")
+        refuse_first(~np.isfinite(array), array, f"{where} {name}", "")
+        arrays[name] = array
+    if arrays["mean"].shape != arrays["m2"].shape:
+        raise RequestError(f"{where}: mean and m2 differ in shape")
+    refuse_first(arrays["m2"] < 0, arrays["m2"], f"{where} m2", ", expected >= 0")
+    return {"count": count, "mean": arrays["mean"], "m2": arrays["m2"]}
+
+
+def _agent_space(space_of: Callable[[Any], gym.Space], agent: Any, key: str) -> gym.Space:
+    try:
+        return space_of(agent)
+    except Exception:
+        raise RequestError(f"{key}: unknown agent {short(agent)}") from None
+
+
+def _is_key(value: Any, mapping: dict) -> bool:
+    try:
+        return value in mapping
+    except TypeError:  # unhashable
+        return False
 
 
 def _kind(value: Any) -> str:
     return "nothing" if value is None else type(value).__name__
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
