@@ -16,6 +16,13 @@ over an in-client external env), weights and connector state are pulled every
 `update_interval_s`, and only experience batches go to the server. Thread-safe
 in both modes; bodies use the safe binary codec (never pickle). An unknown or
 finished episode id raises `ValueError`, as in-process.
+
+Connection failures: a failed connection is replaced by a fresh one on the
+next call. Calls that cannot act twice (any call whose connection could not
+be opened, `GET` calls, a 503 with `Retry-After`) are retried `retries`
+times with exponential backoff from `backoff_s`; a `POST` that may have
+reached the server is not. Either way the error is `PolicyServerUnavailable`
+naming the server and the call (see `marl_runner.serving.transport`).
 """
 
 from __future__ import annotations
@@ -23,9 +30,15 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from marl_runner.serving.transport import HttpTransport, PolicyServerError
+from marl_runner.serving.transport import (
+    DEFAULT_BACKOFF_S,
+    DEFAULT_RETRIES,
+    HttpTransport,
+    PolicyServerError,
+    PolicyServerUnavailable,
+)
 
-__all__ = ["PolicyClient", "PolicyServerError"]
+__all__ = ["PolicyClient", "PolicyServerError", "PolicyServerUnavailable"]
 
 INFERENCE_MODES = ("remote", "local")
 
@@ -39,6 +52,8 @@ class PolicyClient:
         update_interval_s: "local" only: seconds between weight pulls.
         token: the server's shared token (default: `MARL_RUNNER_TOKEN`).
         timeout_s: socket timeout per request; None waits as long as it takes.
+        retries: how many more attempts a call that cannot act twice gets.
+        backoff_s: the wait before the first retry; it doubles on each one.
     """
 
     def __init__(
@@ -48,6 +63,8 @@ class PolicyClient:
         update_interval_s: float = 10.0,
         token: str | None = None,
         timeout_s: float | None = None,
+        retries: int = DEFAULT_RETRIES,
+        backoff_s: float = DEFAULT_BACKOFF_S,
     ) -> None:
         if inference_mode not in INFERENCE_MODES:
             raise ValueError(f"inference_mode {inference_mode!r}: expected one of {list(INFERENCE_MODES)}")
@@ -56,7 +73,11 @@ class PolicyClient:
         self.address = address
         self.inference_mode = inference_mode
         self._transport = HttpTransport(
-            address, token if token is not None else os.environ.get("MARL_RUNNER_TOKEN"), timeout_s
+            address,
+            token if token is not None else os.environ.get("MARL_RUNNER_TOKEN"),
+            timeout_s,
+            retries=retries,
+            backoff_s=backoff_s,
         )
         self._local = None
         if inference_mode == "local":
@@ -65,6 +86,10 @@ class PolicyClient:
             self._local = LocalInference(self._transport, update_interval_s)
 
     def start_episode(self, episode_id: str | None = None, training_enabled: bool = True) -> str:
+        """Opens an episode (waiting for a free slot) and returns its id, new when None.
+
+        `training_enabled=False`: played as usual, but none of its rows are written.
+        """
         if self._local is not None:
             return self._local.env.start_episode(episode_id, training_enabled)
         body: dict[str, Any] = {"training_enabled": training_enabled}
@@ -73,27 +98,39 @@ class PolicyClient:
         return self._transport.post("start_episode", body)["episode_id"]
 
     def get_action(self, episode_id: str, obs: dict) -> dict:
+        """Actions of the agents in `obs`; rewards logged since the last step go to the last ones."""
         if self._local is not None:
             return self._local.env.get_action(episode_id, obs)
         return self._transport.post("get_action", {"episode_id": episode_id, "obs": obs})["actions"]
 
     def log_action(self, episode_id: str, obs: dict, actions: dict) -> None:
+        """Records actions the simulator chose itself (off-policy); one env step, no answer."""
         if self._local is not None:
             self._local.env.log_action(episode_id, obs, actions)
             return
         self._transport.post("log_action", {"episode_id": episode_id, "obs": obs, "actions": actions})
 
     def log_returns(self, episode_id: str, rewards: dict, infos: dict | None = None) -> None:
+        """Adds rewards (and infos) for the agents' last actions, summed until the next step."""
         if self._local is not None:
             self._local.env.log_returns(episode_id, rewards, infos)
             return
         self._transport.post("log_returns", {"episode_id": episode_id, "rewards": rewards, "infos": infos})
 
     def end_episode(self, episode_id: str, obs: dict, truncated: bool = False) -> None:
+        """Ends the episode with its final obs; `truncated=True` for a time limit.
+
+        In "local" mode the finished episode is uploaded in the background,
+        and `close()` waits until it is.
+        """
         if self._local is not None:
             self._local.env.end_episode(episode_id, obs, truncated)
             return
         self._transport.post("end_episode", {"episode_id": episode_id, "obs": obs, "truncated": truncated})
+
+    def health(self) -> dict:
+        """The server's `GET /v1/health` (`{"ok": true, "running_episodes": N}`); retried."""
+        return self._transport.get("health")
 
     @property
     def local_runner(self) -> Any:
@@ -101,7 +138,11 @@ class PolicyClient:
         return None if self._local is None else self._local.runner
 
     def close(self) -> None:
-        """Stops local inference (sending the batches already built) and closes connections."""
+        """Closes connections; "local" mode first uploads every episode ended so far.
+
+        Episodes still running in "local" mode are abandoned (never uploaded).
+        Raises the upload's error if an episode could not be sent.
+        """
         if self._local is not None:
             self._local.close()
         self._transport.close()

@@ -62,8 +62,12 @@ class ExternalVectorEnv(BaseEnv):
         self._thread: threading.Thread | None = None
         self._run_error: BaseException | None = None
         self._stopped = False
+        self._episodes_stopped = False
+        # Set by a poll that began after `stop_episodes` and found nothing left.
+        self.drained = False
 
     def poll(self) -> PollResult:
+        """Every slot's waiting step (one per slot) and every slot whose episode timed out."""
         if self._thread is None:
             self._start_run_thread()
         if self._run_error is not None:
@@ -73,7 +77,9 @@ class ExternalVectorEnv(BaseEnv):
             ) from error
         poll: PollResult = ({}, {}, {}, {}, {}, {})
         obs, rewards, terminateds, truncateds, infos, off_policy_actions = poll
+        stopped_before = self._episodes_stopped
         steps, failures = self.board.take_ready(POLL_WAIT_S)
+        self.drained = stopped_before and not steps and not failures
         for env_id, step in steps.items():
             obs[env_id] = step.obs
             rewards[env_id] = step.rewards
@@ -86,6 +92,7 @@ class ExternalVectorEnv(BaseEnv):
         return poll
 
     def send_actions(self, actions: dict[EnvID, MultiAgentDict]) -> None:
+        """Answers the waiting `get_action` calls of the slots polled last."""
         for env_id, env_actions in actions.items():
             if not 0 <= env_id < self.num_envs:
                 raise EnvError(f"send_actions: env_id {env_id!r} is not in [0, {self.num_envs})")
@@ -98,19 +105,33 @@ class ExternalVectorEnv(BaseEnv):
         seed: int | None = None,
         options: dict[str, Any] | None = None,
     ) -> None:
+        """Frees the slot; the next episode that takes it brings its own first obs."""
         self.board.free_slot(env_id)
         return None
 
     def training_enabled(self, env_id: EnvID) -> bool:
+        """Whether the episode in the slot asked for its rows to be kept."""
         return self.board.training_enabled(env_id)
 
     def try_restart(self, env_id: EnvID) -> None:
         """Nothing to recreate: the next episode on the slot starts afresh."""
 
     def get_sub_environments(self) -> list[ExternalMultiAgentEnv]:
+        """The one user env behind every slot."""
         return [self.env]
 
+    def stop_episodes(self, reason: str) -> None:
+        """Refuses client calls from now on (waiting ones too) while the runner goes on.
+
+        The steps already queued (an episode's end among them) still reach
+        the runner: step it until `drained` so that every episode ended
+        before this call is built, then stop it.
+        """
+        self._episodes_stopped = True
+        self.board.stop(reason)
+
     def stop(self) -> None:
+        """Stops the episodes (waiting clients get `ExternalEnvStopped`) and closes the env."""
         if self._stopped:
             return
         self._stopped = True

@@ -4,9 +4,16 @@ Runs the config's runner behind `PolicyServer` until SIGINT/SIGTERM (or an
 optional `--steps`/`--episodes` target), writes every batch to `--out` as
 `sample` does (its own and those uploaded by local-inference clients), logs
 metrics to `--metrics-out` as `sample` does, shows the same progress line, and
-prints the metrics table on shutdown. A signal
-finishes the batch being written, unblocks waiting clients (they get 503),
-and exits 0.
+prints the metrics table on shutdown.
+
+The runner builds one batch per finished episode (`batch_mode` is set to
+`complete_episodes`), so a finished episode is never held back waiting for a
+fragment to fill up, and an abandoned one never leaves partial rows. However
+it stops (a signal or the target), `serve` refuses new client calls (503),
+lets the runner take every step already queued (episodes whose
+`end_episode` was answered get built), closes the endpoint, writes the
+uploads received, and only then prints the last progress line and the table,
+both from the same counts of what was written. Exit 0.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from rich.console import Console
 
 from marl_runner.cli_common import (
@@ -38,6 +46,7 @@ from marl_runner.cli_common import (
 from marl_runner.config import RunnerConfig
 from marl_runner.display import ProgressReporter, SampleCounts, make_progress, metrics_table
 from marl_runner.metrics_log import MetricsLogWriter, RunMetrics
+from marl_runner.serving.episode_counts import num_episodes
 
 DEFAULT_PORT = 9900
 TOKEN_ENV_VAR = "MARL_RUNNER_TOKEN"
@@ -119,9 +128,11 @@ def run_serve(args: argparse.Namespace) -> int:
             f"got vectorize {config.vectorize!r}"
         )
     console = Console()
-    if not config.restart_failed_sub_environments:
-        # A client that goes quiet must cost its episode, never the server.
-        config = dataclasses.replace(config, restart_failed_sub_environments=True)
+    # A client that goes quiet must cost its episode, never the server; and every
+    # finished episode is a batch at once, so stopping never holds one back.
+    config = dataclasses.replace(
+        config, restart_failed_sub_environments=True, batch_mode="complete_episodes"
+    )
     token = args.token or os.environ.get(TOKEN_ENV_VAR) or None
     if not token and not is_loopback(args.host):
         raise CommandError(
@@ -180,16 +191,17 @@ def _serve(
                 soft_wrap=True,
             )
             console.file.flush()
+            started = time.perf_counter()
             try:
                 with progress:
-                    server.serve(stop, writer)
-            finally:
-                runner.stop()  # waiting clients get 503 now
-                server.close()
-                try:
-                    server.drain_uploads(writer)
-                finally:  # on an error too, the log gets its last record
-                    metrics = run_metrics.finish()
+                    try:
+                        server.serve(stop, writer)
+                    finally:
+                        _stop_serving(runner, server, writer)
+            finally:  # on an error too, the log gets its last record
+                metrics = _written_metrics(
+                    run_metrics.finish(), writer, time.perf_counter() - started
+                )
             uploaded = server.num_uploaded
     except CommandError:
         raise
@@ -204,7 +216,12 @@ def _serve(
             f"{uploaded} of the batches came from local-inference clients", highlight=False
         )
     if args.out is not None:
-        console.print(f"wrote {counts.batches} batches to {args.out}", highlight=False)
+        console.print(
+            f"wrote {counts.batches} batches ({counts.episodes} episodes, {counts.env_steps} env "
+            f"steps) to {args.out}",
+            highlight=False,
+            soft_wrap=True,
+        )
     if metrics_log is not None:
         console.print(
             f"wrote {metrics_log.num_records} metrics records to {metrics_log.path}",
@@ -214,6 +231,49 @@ def _serve(
     return EXIT_OK
 
 
+def _stop_serving(runner: Any, server: Any, writer: _Writer) -> None:
+    """Everything a client was told is done gets written: queued steps, then uploads.
+
+    New client calls get 503 from the first line on, so the runner's queue
+    only shrinks; the loop ends at the first poll that finds it empty.
+    """
+    runner.env.stop_episodes("the server is stopping")
+    try:
+        while not runner.env.drained:
+            for item in runner.step():
+                writer(item)
+    finally:
+        server.close()  # no new requests; the uploads already answered are queued
+        runner.stop()
+        server.drain_uploads(writer)
+
+
+def _written_metrics(metrics: dict[str, Any], writer: _Writer, elapsed_s: float) -> dict[str, Any]:
+    """The runner's metrics with the counts, rates and means of what was written.
+
+    The runner alone misses the local-inference clients' episodes and counts
+    steps of abandoned and evaluation episodes; the table must show what
+    `--out` holds, as the progress line does.
+    """
+    counts = writer.counts
+    episodes = counts.episodes
+    return {
+        **metrics,
+        "episodes": episodes,
+        "num_env_steps": counts.env_steps,
+        "num_agent_steps": counts.agent_steps,
+        "env_steps_per_s": counts.env_steps / elapsed_s if elapsed_s > 0 else None,
+        "agent_steps_per_s": counts.agent_steps / elapsed_s if elapsed_s > 0 else None,
+        "episode_reward_mean": writer.reward_sum / episodes if episodes else None,
+        "episode_len_mean": counts.env_steps / episodes if episodes else None,
+        "policy_reward_mean": {
+            pid: total / writer.policy_episodes[pid]
+            for pid, total in writer.policy_rewards.items()
+            if writer.policy_episodes[pid]
+        },
+    }
+
+
 def _target(args: argparse.Namespace) -> tuple[str, int | None]:
     if args.episodes is not None:
         return "episodes", args.episodes
@@ -221,7 +281,13 @@ def _target(args: argparse.Namespace) -> tuple[str, int | None]:
 
 
 class _Writer:
-    """Counts and writes every runner output; sets `stop` once the target is reached."""
+    """Counts and writes every runner output; sets `stop` once the target is reached.
+
+    Episodes are counted from the batches written (one per finished
+    episode, uploads included), faulty ones from the runner's records, so
+    the progress line, the `--episodes` target and the final table all
+    count what `--out` holds.
+    """
 
     def __init__(
         self,
@@ -239,26 +305,46 @@ class _Writer:
         self.counts, self.progress, self.out_dir = counts, progress, out_dir
         self.stop, self.unit, self.target = stop, unit, target
         self.run_metrics = run_metrics
+        self.reward_sum = 0.0
+        self.policy_rewards: dict[str, float] = {}
+        self.policy_episodes: dict[str, int] = {}
 
     def __call__(self, item: Any) -> None:
+        """Writes a batch (or counts a faulty episode's record) and updates the progress."""
         from marl_runner.io import write_batch
 
         counts = self.counts
         if isinstance(item, self._batch_type):
+            if self.out_dir is not None:
+                write_batch(item, self.out_dir, counts.batches + 1)
+            episodes = num_episodes(item)
             counts.batches += 1
             counts.env_steps += item.env_steps()
             counts.agent_steps += item.agent_steps()
-            if self.out_dir is not None:
-                write_batch(item, self.out_dir, counts.batches)
+            counts.episodes += episodes
+            self._add_rewards(item)
             self.run_metrics.poll()
-        elif isinstance(item, self._metrics_type):
-            if item.episode_faulty:
-                counts.faulty_episodes += 1
-            else:
-                counts.episodes += 1
+        elif isinstance(item, self._metrics_type) and item.episode_faulty:
+            counts.faulty_episodes += 1
+        else:
+            return  # a finished episode's record: counted with its batch
         self.progress.update(counts)
         if self.target is not None and getattr(counts, self.unit) >= self.target:
             self.stop.set()
+
+    def _add_rewards(self, batch: Any) -> None:
+        """Reward sums for the table's means (numeric columns only: uploads are checked
+        by the server, but a summary must never be what stops it)."""
+        for pid, policy_batch in batch.policy_batches.items():
+            rewards = policy_batch.get("rewards")
+            if rewards is None or not np.issubdtype(rewards.dtype, np.number):
+                continue
+            reward = float(np.sum(rewards, dtype=np.float64))
+            self.reward_sum += reward
+            self.policy_rewards[pid] = self.policy_rewards.get(pid, 0.0) + reward
+            eps_ids = policy_batch.get("eps_id")
+            episodes = 0 if eps_ids is None else len(np.unique(eps_ids))
+            self.policy_episodes[pid] = self.policy_episodes.get(pid, 0) + episodes
 
 
 class _ServeLines(ProgressReporter):

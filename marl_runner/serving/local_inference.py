@@ -6,6 +6,11 @@ observation filter statistics, merged with what this client's filters saw)
 every `update_interval_s`. Only experience batches and filter deltas travel
 to the server, on a sender thread so that uploads never hold
 up an action.
+
+The client's runner builds one batch per finished episode (`batch_mode:
+complete_episodes`, whatever the server's config says): an episode is
+uploaded as soon as it ends, nothing finished is held back when the client
+closes, and an episode abandoned mid-way is never uploaded.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from marl_runner.config import RunnerConfig, space_from_spec
 from marl_runner.distributed.filter_states import pop_filter_deltas
 from marl_runner.envs import ExternalMultiAgentEnv, register_env
 from marl_runner.serving.batches import batch_to_value
+from marl_runner.serving.episode_counts import num_episodes
 from marl_runner.serving.transport import HttpTransport
 
 logger = logging.getLogger(__name__)
@@ -45,33 +51,49 @@ class LocalInference:
         config = dict(info["config"])
         config["env"] = {"name": env_name, "config": {}, "api": "multi_agent"}
         config["callbacks"] = None  # user callbacks run on the server's runner
+        config["batch_mode"] = "complete_episodes"  # see the module docstring
         self.runner = EnvRunner(RunnerConfig.from_dict(config))
         self._sync_state()
         self.error: BaseException | None = None
         self.batches_sent = 0
+        self.episodes_sent = 0
         self._outbox: queue.Queue = queue.Queue()
-        self._stop = threading.Event()
+        self._closing = threading.Event()
         self._runner_thread = threading.Thread(target=self._sample, name="local-inference", daemon=True)
         self._sender_thread = threading.Thread(target=self._send, name="experience-sender", daemon=True)
         self._runner_thread.start()
         self._sender_thread.start()
 
-    def close(self) -> None:
-        """Stops sampling, sends the batches already built, and stops the runner."""
-        self._stop.set()
-        self._runner_thread.join(10)
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Uploads every episode ended so far, then stops the runner.
+
+        New calls are refused from here on; the runner takes what is queued
+        (so episodes ended before `close` finish building), the sender uploads
+        the rest, and the first error on the way is raised.
+        """
+        self.runner.env.stop_episodes("the client was closed")
+        self._closing.set()
+        self._runner_thread.join(timeout_s)
         self._outbox.put(None)
-        self._sender_thread.join(30)
+        self._sender_thread.join(timeout_s)
         self.runner.stop()
+        if self.error is not None:
+            raise self.error
+        if self._runner_thread.is_alive() or self._sender_thread.is_alive():
+            raise TimeoutError(
+                f"local inference: the finished episodes were not all uploaded within {timeout_s}s"
+            )
 
     def _sample(self) -> None:
+        """The runner's loop; once closing, it runs until no queued client step is left."""
+        env = self.runner.env
         next_update = time.monotonic() + self.update_interval_s
         try:
-            while not self._stop.is_set():
+            while not (self._closing.is_set() and env.drained):
                 for item in self.runner.step():
                     if isinstance(item, self._batch_type):
                         self._outbox.put(item)
-                if time.monotonic() >= next_update:
+                if time.monotonic() >= next_update and not self._closing.is_set():
                     self._sync_state()
                     next_update = time.monotonic() + self.update_interval_s
         except BaseException as exc:
@@ -83,6 +105,7 @@ class LocalInference:
         self.runner.set_state(self.transport.post("state", {"filter_deltas": deltas}))
 
     def _send(self) -> None:
+        """Uploads batches in order until the end marker; stops at the first failure."""
         while True:
             batch = self._outbox.get()
             if batch is None:
@@ -90,12 +113,14 @@ class LocalInference:
             try:
                 self.transport.post("experiences", batch_to_value(batch))
                 self.batches_sent += 1
+                self.episodes_sent += num_episodes(batch)
             except BaseException as exc:
                 self._fail(exc)
                 return
 
     def _fail(self, exc: BaseException) -> None:
+        """Keeps the first error and refuses the client's calls from now on, naming it."""
         if self.error is None:
             self.error = exc
             logger.error("local inference stopped: %r", exc)
-            self.runner.env.board.stop(f"local inference failed: {type(exc).__name__}: {exc}")
+            self.runner.env.stop_episodes(f"local inference failed: {type(exc).__name__}: {exc}")
