@@ -190,7 +190,7 @@ class SubprocessVectorEnv(BaseEnv):
     SIGKILL from outside) turns each of its sub-envs stepped that round into
     an `EnvError` entry naming worker and sub-envs. Resetting a dead
     worker's sub-env recreates the worker when `restart_failed` (or after
-    `try_restart`), else raises `EnvError`.
+    `try_restart`), else fails: `try_reset` returns an `EnvError` as the obs.
 
     Hangs: with `step_timeout_s`, a sub-env whose `step` or `reset` runs
     longer than that gets a `SubEnvTimeoutError` entry and its worker is
@@ -386,10 +386,12 @@ class SubprocessVectorEnv(BaseEnv):
             return self._reset_outcome(env_id, prefetched)
         worker = self._workers[self._worker_of_env[env_id]]
         if not worker.alive:
-            raise EnvError(
+            # A failed reset, as BaseEnv says: the runner drops it, retries a bounded
+            # number of times, then raises, keeping the other sub-envs' data.
+            return EnvError(
                 f"sub-env {env_id} cannot be reset: its worker {worker.index} died; "
                 "enable restart_failed_sub_environments to recreate it"
-            )
+            ), {}
         self.stats.reset_round_trips += 1
         self._send(worker, "reset", [(env_id, seed, options)])
         self._collect(worker)

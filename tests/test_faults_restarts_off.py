@@ -1,0 +1,61 @@
+"""Restarts off and a sub-env that stays broken: every sample() works or raises, in time.
+
+A dead worker (os._exit, or killed after a hang past `sub_env_step_timeout_s`)
+cannot be reset without restarts; a sync sub-env that crashes every episode
+fails again each time. Either way `sample()` must never loop: each call
+returns a batch or raises `SubEnvError` naming the sub-env, within about the
+step timeout. (It used to spin forever from the fourth call on.)
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from marl_runner import EnvRunner, SubEnvError
+from tests.runner_helpers import config
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::UserWarning"),
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+]
+
+STEP_TIMEOUT_S = 0.5
+#: A loaded 2-core machine may take this long for one call; a loop never ends.
+CALL_LIMIT_S = STEP_TIMEOUT_S + 15.0
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("vectorize", "fault"),
+    [("sync", "raise"), ("subprocess", "exit"), ("subprocess", "hang")],
+)
+def test_ten_samples_in_a_row_each_work_or_raise_in_time(tmp_path, vectorize, fault):
+    env_config = {"crash_step": 3, "fault": fault, "hang_s": 30.0, "episode_len": 10}
+    if vectorize == "subprocess":
+        env_config["fault_token"] = str(tmp_path / "fault-token")  # one worker dies
+    cfg = config(
+        "marl_runner.envs.testing:CrashingEnv",
+        env_config=env_config,
+        vectorize=vectorize,
+        num_envs=2,
+        num_workers=2 if vectorize == "subprocess" else None,
+        restart_failed_sub_environments=False,
+        sub_env_step_timeout_s=STEP_TIMEOUT_S,
+        seed=1,
+    )
+    outcomes = []
+    with EnvRunner(cfg) as runner:
+        for _ in range(10):
+            start = time.monotonic()
+            try:
+                runner.sample()
+                outcomes.append("ok")
+            except SubEnvError as error:
+                assert "sub-env" in str(error)
+                outcomes.append("raised")
+            assert time.monotonic() - start < CALL_LIMIT_S
+    assert outcomes[0] == "raised"
+    if vectorize == "subprocess":
+        assert outcomes == ["raised"] * 10  # the dead worker's sub-env can never be reset
