@@ -7,11 +7,8 @@ used to hold finished episodes back) and stops it by a signal or a target.
 
 from __future__ import annotations
 
-import os
 import re
 import signal
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,55 +16,22 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers_serve_process import ServeProcess, serve_process
 
 from marl_runner.checks import check_batch_invariants
 from marl_runner.client import PolicyClient
 from marl_runner.io import read_batches
 
-REPO = Path(__file__).resolve().parents[1]
-CONFIG = REPO / "examples" / "configs" / "serve_drones.yaml"
 DRONES = [f"drone_{i}" for i in range(4)]
 
 
-class Serve:
-    """A running `marl-runner serve` and what it printed."""
-
-    def __init__(self, process: subprocess.Popen, address: str, lines: list[str]) -> None:
-        self.process = process
-        self.address = address
-        self.lines = lines
-
-    def finish(self, sig: int | None, timeout_s: float = 60.0) -> str:
-        """Sends `sig` (None: waits for the target to stop it); returns all output."""
-        if sig is not None:
-            self.process.send_signal(sig)
-        rest, _ = self.process.communicate(timeout=timeout_s)
-        output = "".join(self.lines) + rest
-        assert self.process.returncode == 0, output
-        return output
-
-
 @contextmanager
-def serve(out: Path, *extra: str) -> Iterator[Serve]:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "marl_runner.cli", "serve", str(CONFIG), "--port", "0",
-         "--out", str(out), "--set", "num_envs=4", "--progress-interval", "0.2", *extra],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
-    try:
-        lines: list[str] = []
-        for line in process.stdout:
-            lines.append(line)
-            found = re.search(r"on (http://127\.0\.0\.1:\d+)", line)
-            if found:
-                yield Serve(process, found.group(1), lines)
-                return
-        raise AssertionError("serve did not start:\n" + "".join(lines))
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
+def serve(out: Path, *extra: str) -> Iterator[ServeProcess]:
+    with serve_process(
+        "--port", "0", "--out", str(out), "--set", "num_envs=4", "--progress-interval", "0.2",
+        *extra,
+    ) as server:
+        yield server
 
 
 def play(client: PolicyClient, episodes: int, steps: int, seed: int) -> int:
