@@ -141,6 +141,11 @@ def test_runner_is_dropped_when_its_restarts_are_used_up(ray_local) -> None:
         ray_local.kill(group.remote_runners()[1], no_restart=True)
         with pytest.raises(EnvRunnerGroupError, match="runner 1 .*died"):
             group.sample()
+        # with every runner dropped, later calls say so too (not a missing local runner)
+        with pytest.raises(EnvRunnerGroupError, match="no healthy runners left"):
+            group.sample()
+        with pytest.raises(EnvRunnerGroupError, match="no healthy runners left"):
+            next(group.iter_batches(num_batches=1))
 
 
 def _free_cpus_settle(ray, expected: float) -> float:

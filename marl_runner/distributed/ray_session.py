@@ -6,25 +6,40 @@ import contextlib
 import logging
 from collections.abc import Iterator
 
-logger = logging.getLogger(__name__)
+from marl_runner.distributed.ray_auth import (
+    enable_token_mode,
+    join_failure_hint,
+    quiet_token_auth_notice,
+    wants_token_mode,
+)
 
 
 def connect_ray(address: str | None = None, *, num_cpus: int | None = None) -> bool:
     """Make sure this process is connected to Ray; True when this call connected it.
 
     With `address` (e.g. "auto", "10.0.0.1:6379", "ray://head:10001") it
-    joins that cluster. Without one it joins the cluster that `ray start
-    --head` runs on this machine (or `RAY_ADDRESS`), else starts a local
-    Ray with `num_cpus` CPUs (default: all). An existing connection is
-    reused and False returned, so the caller must not shut it down.
+    joins that cluster, presenting a token when one is given
+    (`RAY_AUTH_TOKEN`, `RAY_AUTH_TOKEN_PATH`) or when the cluster is on this
+    machine and `~/.ray/auth_token` exists (see `ray_auth`); a failure to
+    join raises ConnectionError saying what to check. Without one it joins
+    the cluster that `ray start --head` runs on this machine (or
+    `RAY_ADDRESS`), else starts a local Ray with `num_cpus` CPUs (default:
+    all). An existing connection is reused and False returned, so the caller
+    must not shut it down.
     """
     import ray
 
     if ray.is_initialized():
         return False
+    quiet_token_auth_notice()
     options = {"include_dashboard": False, "logging_level": logging.WARNING}
     if address is not None:
-        ray.init(address=address, **options)
+        if wants_token_mode(address):
+            enable_token_mode()
+        try:
+            ray.init(address=address, **options)
+        except ConnectionError as exc:
+            raise ConnectionError(join_failure_hint(address)) from exc
         return True
     try:
         ray.init(num_cpus=num_cpus, **options)
@@ -37,7 +52,7 @@ def connect_ray(address: str | None = None, *, num_cpus: int | None = None) -> b
 @contextlib.contextmanager
 def ray_session(address: str | None = None, *, num_cpus: int | None = None) -> Iterator[None]:
     """`connect_ray` for a block; on leaving, disconnects (ending a local Ray it started)
-    only when it connected."""
+    only when it connected, so a cluster or session the caller owns is left running."""
     connected = connect_ray(address, num_cpus=num_cpus)
     try:
         yield

@@ -162,7 +162,7 @@ class EnvRunnerGroup:
         """
         from marl_runner import concat_samples
 
-        if not self._remote:
+        if not self.num_runners:
             return self._sample_locally(sample_kwargs)
         batches = []
         done: set[int] = set()
@@ -186,7 +186,7 @@ class EnvRunnerGroup:
         """
         produced = 0
         while num_batches is None or produced < num_batches:
-            if not self._remote:
+            if not self.num_runners:
                 produced += 1
                 yield self._sample_locally(sample_kwargs)
                 continue

@@ -1,0 +1,120 @@
+"""Ray token authentication when joining a cluster: which token to present, and
+quiet output without turning authentication off.
+
+Ray (2.52 on) protects a cluster with a token: `ray start --head` turns it on
+when a token exists (`~/.ray/auth_token`, `RAY_AUTH_TOKEN` or
+`RAY_AUTH_TOKEN_PATH`), and a local `ray.init()` creates one. A client joining
+with `address="auto"` presents this machine's token by itself, but one joining
+an explicit `HOST:PORT` does so only with `RAY_AUTH_MODE=token`, and otherwise
+retries for about 20 s and fails with `InvalidAuthToken` in its log. Ray holds
+back on purpose: a token must not be sent to a host nobody named it for. So
+marl-runner turns token mode on for an explicit address only when that is what
+the user asked for or when the token cannot leave this machine:
+
+- `RAY_AUTH_MODE` set: Ray's own choice, left alone (`disabled` included);
+- `RAY_AUTH_TOKEN` or `RAY_AUTH_TOKEN_PATH` set: the user named a token for
+  this command, so it is presented;
+- the address is this machine and `~/.ray/auth_token` exists: the cluster and
+  the token file are on this machine, as with `address="auto"`.
+
+A client in token mode still joins a cluster without authentication.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from pathlib import Path
+from urllib.parse import urlsplit
+
+AUTH_MODE_VAR = "RAY_AUTH_MODE"
+TOKEN_VARS = ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+#: The logger and the opening words of the notice a local `ray.init()` prints each time
+#: it turns token authentication on by default (it only says how to opt out).
+TOKEN_SETUP_LOGGER = "ray._private.authentication.authentication_token_setup"
+ENABLED_NOTICE = "Token authentication is enabled for this Ray cluster"
+_LOOPBACK = {"localhost", "127.0.0.1", "::1"}
+
+
+def default_token_path() -> Path:
+    """Where `ray start` / `ray get-auth-token --generate` keep this user's token."""
+    return Path.home() / ".ray" / "auth_token"
+
+
+def address_host(address: str) -> str:
+    """The host of a Ray address: `"10.0.0.1:6379"`, `"ray://head:10001"`, `"[::1]:6379"`."""
+    host = urlsplit(address if "://" in address else f"//{address}").hostname
+    if not host:
+        raise ValueError(f"Ray address {address!r}: expected HOST:PORT, 'auto' or ray://HOST:PORT")
+    return host
+
+
+def is_this_machine(host: str) -> bool:
+    """Whether `host` names this machine: loopback, its hostname or its node IP."""
+    if host in _LOOPBACK or host.startswith("127."):
+        return True
+    import ray.util
+
+    return host in {socket.gethostname(), socket.getfqdn(), ray.util.get_node_ip_address()}
+
+
+def wants_token_mode(address: str) -> bool:
+    """Whether joining the explicit `address` should present a token (rules above)."""
+    if address == "auto" or os.environ.get(AUTH_MODE_VAR) is not None:
+        return False
+    if any(os.environ.get(var) for var in TOKEN_VARS):
+        return True
+    return default_token_path().is_file() and is_this_machine(address_host(address))
+
+
+def enable_token_mode() -> None:
+    """Set `RAY_AUTH_MODE=token` for this process and the ones it starts.
+
+    Ray reads the variable into its cached config when it is imported, so the
+    config is re-read too, as Ray itself does when it turns token mode on.
+    """
+    from ray._raylet import Config
+
+    os.environ[AUTH_MODE_VAR] = "token"
+    Config.initialize("")
+
+
+def join_failure_hint(address: str) -> str:
+    """What to check when joining `address` failed; with token authentication on, Ray
+    reports a missing or wrong token only in its log, as a failure to connect."""
+    mode = os.environ.get(AUTH_MODE_VAR)
+    if mode == "disabled":
+        token = "RAY_AUTH_MODE=disabled is set, so no token is presented: unset it"
+    elif mode == "token" or any(os.environ.get(var) for var in TOKEN_VARS):
+        token = (
+            "check that the token presented (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or "
+            "~/.ray/auth_token) is the head's: `ray get-auth-token` on the head prints it"
+        )
+    else:
+        token = (
+            "if the cluster uses token authentication, set RAY_AUTH_TOKEN to the head's token "
+            "(`ray get-auth-token` on the head prints it) or RAY_AUTH_TOKEN_PATH to a file "
+            "holding it"
+        )
+    return (
+        f"could not join the Ray cluster at {address!r}: check that `ray start --head` runs "
+        f"there and its port is reachable from here; {token} (see docs/SCALING.md)"
+    )
+
+
+class _DropEnabledNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(ENABLED_NOTICE)
+
+
+def quiet_token_auth_notice() -> None:
+    """Drop the notice that a local `ray.init()` prints on every run when it turns token
+    authentication on by default.
+
+    Only that notice goes: authentication stays on, and Ray's warning that a cluster
+    runs WITHOUT authentication (anyone on the network could run code on it) is kept.
+    """
+    logger = logging.getLogger(TOKEN_SETUP_LOGGER)
+    if not any(isinstance(existing, _DropEnabledNotice) for existing in logger.filters):
+        logger.addFilter(_DropEnabledNotice())

@@ -1,0 +1,246 @@
+"""Joining a Ray cluster that uses token authentication, as docs/SCALING.md says.
+
+The slow test starts a real `ray start --head --block` with token authentication
+on, in its own process group, temp dir, ports and HOME, joins it with
+`marl-runner sample --runners 2 --address HOST:PORT`, and ends only the processes
+it started (never `ray stop`, which would end every Ray on the machine).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import queue
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from marl_runner import check_batch_invariants
+from marl_runner.distributed import connect_ray, ray_auth
+from marl_runner.io import read_batches
+
+REPO = Path(__file__).resolve().parents[1]
+KAZ = REPO / "examples" / "configs" / "kaz.yaml"
+RAY = Path(sys.executable).parent / "ray"
+AUTH_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS")
+
+
+@pytest.fixture
+def clean_auth_env(monkeypatch, tmp_path) -> Path:
+    """No Ray auth variables and an empty HOME (so no ~/.ray/auth_token); returns HOME."""
+    for var in AUTH_VARS:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    return tmp_path
+
+
+def _write_default_token(home: Path, token: str) -> None:
+    (home / ".ray").mkdir()
+    (home / ".ray" / "auth_token").write_text(token)
+
+
+# ----------------------------------------------------------------------------- the rules
+
+
+@pytest.mark.parametrize(
+    ("address", "host"),
+    [
+        ("127.0.0.1:6379", "127.0.0.1"),
+        ("head.example:6379", "head.example"),
+        ("ray://10.0.0.1:10001", "10.0.0.1"),
+        ("[::1]:6379", "::1"),
+    ],
+)
+def test_address_host(address, host) -> None:
+    assert ray_auth.address_host(address) == host
+
+
+def test_address_host_rejects_an_address_without_a_host() -> None:
+    with pytest.raises(ValueError, match=r"':6379'.*HOST:PORT"):
+        ray_auth.address_host(":6379")
+
+
+def test_a_named_token_is_presented_to_any_address(clean_auth_env, monkeypatch) -> None:
+    assert not ray_auth.wants_token_mode("10.9.8.7:6379")
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "abc")
+    assert ray_auth.wants_token_mode("10.9.8.7:6379")
+    monkeypatch.delenv("RAY_AUTH_TOKEN")
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(clean_auth_env / "token"))
+    assert ray_auth.wants_token_mode("10.9.8.7:6379")
+
+
+def test_the_default_token_file_stays_on_this_machine(clean_auth_env) -> None:
+    assert not ray_auth.wants_token_mode("127.0.0.1:6379")  # no token anywhere
+    _write_default_token(clean_auth_env, "abc")
+    assert ray_auth.wants_token_mode("127.0.0.1:6379")
+    assert ray_auth.wants_token_mode("localhost:6379")
+    assert not ray_auth.wants_token_mode("10.9.8.7:6379")  # another machine: not sent
+
+
+def test_ray_auth_mode_and_auto_are_left_to_ray(clean_auth_env, monkeypatch) -> None:
+    _write_default_token(clean_auth_env, "abc")
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "abc")
+    assert not ray_auth.wants_token_mode("auto")  # Ray presents the local token itself
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    assert not ray_auth.wants_token_mode("127.0.0.1:6379")
+
+
+def test_a_failed_join_says_what_to_check(clean_auth_env, monkeypatch) -> None:
+    ray = pytest.importorskip("ray")
+
+    def refuse(*args, **kwargs):
+        raise ConnectionError("Failed to connect to Ray cluster at 10.9.8.7:6379")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", refuse)
+    with pytest.raises(ConnectionError) as caught:
+        connect_ray("10.9.8.7:6379")
+    message = str(caught.value)
+    assert "'10.9.8.7:6379'" in message and "RAY_AUTH_TOKEN" in message
+    assert "ray get-auth-token" in message and "docs/SCALING.md" in message
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    assert "unset it" in ray_auth.join_failure_hint("10.9.8.7:6379")
+
+
+def test_only_the_token_enabled_notice_is_quiet(caplog) -> None:
+    ray_auth.quiet_token_auth_notice()
+    ray_auth.quiet_token_auth_notice()  # idempotent: one filter
+    logger = logging.getLogger(ray_auth.TOKEN_SETUP_LOGGER)
+    assert len(logger.filters) == 1
+    with caplog.at_level(logging.WARNING, logger=ray_auth.TOKEN_SETUP_LOGGER):
+        logger.warning("%s. Set RAY_AUTH_MODE=disabled to opt out.", ray_auth.ENABLED_NOTICE)
+        logger.warning("Token authentication is disabled for this Ray cluster. Anyone ...")
+    assert [record.getMessage()[:45] for record in caplog.records] == [
+        "Token authentication is disabled for this Ray"
+    ]
+
+
+# ----------------------------------------------------------------------------- a real cluster
+
+
+def _free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def _lines(stream, into: queue.Queue) -> None:
+    for line in stream:
+        into.put(line)
+
+
+@contextlib.contextmanager
+def ray_head(env: dict[str, str], timeout_s: float = 180.0) -> Iterator[int]:
+    """`ray start --head --block` on free ports with its own temp dir; yields its port.
+
+    It runs in a new session, so ending its process group ends exactly the
+    processes it started (GCS, raylet, workers), whoever else runs Ray here.
+    """
+    port, client_port, dashboard_port, agent_port = _free_ports(4)
+    temp_dir = tempfile.mkdtemp(prefix="rtok")  # short: Ray's socket paths have a length limit
+    command = [
+        str(RAY), "start", "--head", "--block", "--port", str(port), "--num-cpus", "2",
+        "--temp-dir", temp_dir, "--include-dashboard=false",
+        "--ray-client-server-port", str(client_port), "--dashboard-port", str(dashboard_port),
+        "--dashboard-agent-listen-port", str(agent_port),
+    ]  # fmt: skip
+    head = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    output: queue.Queue = queue.Queue()
+    threading.Thread(target=_lines, args=(head.stdout, output), daemon=True).start()
+    seen: list[str] = []
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not any("Ray runtime started" in line for line in seen):
+            assert head.poll() is None, "ray start --head exited:\n" + "".join(seen)
+            assert time.monotonic() < deadline, "ray start --head not up:\n" + "".join(seen)
+            with contextlib.suppress(queue.Empty):
+                seen.append(output.get(timeout=1.0))
+        yield port
+    finally:
+        _end_process_group(head)
+        subprocess.run(["rm", "-rf", temp_dir], check=False)
+
+
+def _end_process_group(process: subprocess.Popen, grace_s: float = 60.0) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and _group_alive(process.pid):
+        time.sleep(0.5)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait(timeout=30)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _sample(address: str, out: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    command = [
+        sys.executable, "-m", "marl_runner.cli", "sample", str(KAZ), "--runners", "2",
+        "--address", address, "--steps", "100", "--set", "num_envs=1",
+        "--set", "rollout_fragment_length=50", "--out", str(out),
+    ]  # fmt: skip
+    return subprocess.run(
+        command, cwd=REPO, env=env, capture_output=True, text=True, timeout=240
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_the_cli_joins_a_token_cluster_by_host_and_port(tmp_path) -> None:
+    pytest.importorskip("ray", reason="needs the Ray extra: pip install 'marl-runner[ray]'")
+    token = secrets.token_hex(32)
+    head_home, other_home = tmp_path / "head_home", tmp_path / "other_home"
+    head_home.mkdir()
+    other_home.mkdir()
+    _write_default_token(head_home, token)
+    base = {k: v for k, v in os.environ.items() if k not in AUTH_VARS}
+    base.update(PYTHONPATH=str(REPO), RAY_USAGE_STATS_ENABLED="0")
+    with ray_head({**base, "HOME": str(head_home), "RAY_AUTH_MODE": "token"}) as port:
+        # On the head machine, as after `ray start --head` there: its ~/.ray/auth_token.
+        here = _sample(f"127.0.0.1:{port}", tmp_path / "here", {**base, "HOME": str(head_home)})
+        # From elsewhere (a HOME without the token file): the token handed over by variable.
+        node_ip = _node_ip()
+        joined = _sample(
+            f"{node_ip}:{port}",
+            tmp_path / "other",
+            {**base, "HOME": str(other_home), "RAY_AUTH_TOKEN": token},
+        )
+    for result, out in ((here, tmp_path / "here"), (joined, tmp_path / "other")):
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "InvalidAuthToken" not in result.stderr
+        assert "Token authentication is enabled" not in result.stderr
+        batches = list(read_batches(out))
+        assert sum(batch.env_steps() for batch in batches) >= 100
+        for batch in batches:
+            check_batch_invariants(batch)
+
+
+def _node_ip() -> str:
+    import ray.util
+
+    return ray.util.get_node_ip_address()
