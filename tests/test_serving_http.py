@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,6 +22,7 @@ from marl_runner import EnvRunner, MultiAgentBatch, RunnerConfig
 from marl_runner.checks import check_batch_invariants, rewards_per_trajectory
 from marl_runner.client import PolicyClient, PolicyServerError
 from marl_runner.envs.testing.external_envs import ThreadedExternalEnv, play_scripted_episode
+from marl_runner.io import write_batch
 from marl_runner.serving import codec
 from marl_runner.serving.server import PolicyServer, ServerSetupError
 
@@ -46,9 +48,24 @@ def serve_config(**overrides: Any) -> RunnerConfig:
 
 
 class Served:
-    def __init__(self, server: PolicyServer) -> None:
+    def __init__(self, server: PolicyServer, out_dir: Path | None = None) -> None:
         self.server = server
+        self.out_dir = out_dir
         self.outputs: list = []
+        self.loop_error: BaseException | None = None
+
+    def on_output(self, item: Any) -> None:
+        """Keeps every output; with `out_dir`, writes batches there as `serve --out` does."""
+        if self.out_dir is not None and isinstance(item, MultiAgentBatch):
+            write_batch(item, self.out_dir, len(self.batches) + 1)
+        self.outputs.append(item)
+
+    def serve(self, stop: threading.Event) -> None:
+        try:
+            self.server.serve(stop, self.on_output)
+        except BaseException as exc:
+            self.loop_error = exc
+            raise
 
     @property
     def batches(self) -> list[MultiAgentBatch]:
@@ -73,15 +90,20 @@ class Served:
 
 
 @contextmanager
-def served(config: RunnerConfig | None = None, **server_kwargs: Any) -> Iterator[Served]:
+def served(
+    config: RunnerConfig | None = None, out_dir: Path | None = None, **server_kwargs: Any
+) -> Iterator[Served]:
+    """A server on 127.0.0.1 (a free port) with its sampling loop in a thread; the loop
+    must still be running at the end (a request that stopped it fails the test)."""
     runner = EnvRunner(config or serve_config())
     server = PolicyServer(runner, "127.0.0.1", 0, **server_kwargs).start()
-    handle = Served(server)
+    handle = Served(server, out_dir)
     stop = threading.Event()
-    loop = threading.Thread(target=server.serve, args=(stop, handle.outputs.append), daemon=True)
+    loop = threading.Thread(target=handle.serve, args=(stop,), daemon=True)
     loop.start()
     try:
         yield handle
+        assert loop.is_alive(), f"the sampling loop stopped: {handle.loop_error!r}"
     finally:
         stop.set()
         loop.join(10)

@@ -3,45 +3,69 @@
 `ThreadingHTTPServer` starts one thread per connection and listens with a
 backlog of 5: 2,000 open connections mean 2,000 threads, and 64 clients
 connecting at once see connection resets. Here a fixed number of worker
-threads serve connections; while all are busy the accept loop stops
-accepting, so new connections wait in the kernel's listen backlog (256)
-instead of in new threads. Workers are daemon threads: a worker blocked on a
-client never holds up the interpreter's exit.
+threads serve connections that have sent a request; silent connections
+wait in one selector thread, and beyond that in the kernel's listen backlog
+(256), never in new threads. Workers are daemon threads: a worker blocked on
+a client never holds up the interpreter's exit.
 """
 
 from __future__ import annotations
 
+import contextlib
 import queue
+import selectors
 import socket
 import threading
+import time
 from http.server import HTTPServer
 from typing import Any
 
 LISTEN_BACKLOG = 256
+# Connections accepted but silent so far; beyond this they wait in the listen backlog.
+MAX_PARKED = 1024
 
 
 class PooledHTTPServer(HTTPServer):
     """An `HTTPServer` whose connections are served by at most `max_workers` threads.
 
-    `saturated` is true while a connection waits for a free worker: handlers
-    then close keep-alive connections after their current request, so busy
-    clients take turns instead of pinning every worker.
+    A new connection is *parked* (one thread watches them all with a
+    selector) until it sends its first bytes; only then does it take a
+    worker, so connections opened and left silent cost a file descriptor,
+    not a thread, and close after `idle_timeout_s`. At most `max_parked`
+    connections are parked; beyond that the accept loop waits and new ones
+    queue in the listen backlog. `saturated` is true while a connection with
+    a request waits for a worker: handlers then close keep-alive connections
+    after their current answer, so busy clients take turns.
     """
 
     request_queue_size = LISTEN_BACKLOG
 
-    def __init__(self, address: tuple[str, int], handler: Any, max_workers: int) -> None:
+    def __init__(
+        self,
+        address: tuple[str, int],
+        handler: Any,
+        max_workers: int,
+        idle_timeout_s: float = 5.0,
+        max_parked: int = MAX_PARKED,
+    ) -> None:
         if max_workers < 1:
             raise ValueError(f"max_workers {max_workers!r}: expected an int >= 1")
         self.max_workers = max_workers
+        self.idle_timeout_s = idle_timeout_s
+        self.saturated = False
         self._free = threading.Semaphore(max_workers)
+        self._park_slots = threading.Semaphore(max_parked)
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._arrivals: queue.SimpleQueue = queue.SimpleQueue()
         self._workers: list[threading.Thread] = []
         self._idle = 0
         self._lock = threading.Lock()
         self._closing = threading.Event()
-        self.saturated = False
+        self._wake_reader, self._wake_writer = socket.socketpair()
+        self._wake_writer.setblocking(False)
         super().__init__(address, handler)
+        self._parker = threading.Thread(target=self._park, name="marl-runner-http-park", daemon=True)
+        self._parker.start()
 
     @property
     def num_workers(self) -> int:
@@ -49,7 +73,67 @@ class PooledHTTPServer(HTTPServer):
         return len(self._workers)
 
     def process_request(self, request: socket.socket, client_address: Any) -> None:
-        """Hands the connection to a free worker, waiting for one (the backlog fills meanwhile)."""
+        """Parks the new connection until it sends something (waiting for room to park it)."""
+        while not self._park_slots.acquire(timeout=0.1):
+            if self._closing.is_set():
+                self.shutdown_request(request)
+                return
+        self._arrivals.put((request, client_address))
+        self._wake()
+
+    def server_close(self) -> None:
+        """Stops accepting, closes parked connections; workers end after their current one."""
+        self._closing.set()
+        self._wake()
+        super().server_close()
+        self._parker.join(5)
+        for _ in self._workers:
+            self._jobs.put(None)
+        self._wake_reader.close()
+        self._wake_writer.close()
+
+    def _wake(self) -> None:
+        with contextlib.suppress(OSError):  # full (a wake-up is pending anyway) or closed
+            self._wake_writer.send(b"\0")
+
+    def _park(self) -> None:
+        selector = selectors.DefaultSelector()
+        selector.register(self._wake_reader, selectors.EVENT_READ)
+        parked: dict[socket.socket, tuple[Any, float]] = {}  # oldest first
+        try:
+            while not self._closing.is_set():
+                while True:
+                    try:
+                        request, client_address = self._arrivals.get_nowait()
+                    except queue.Empty:
+                        break
+                    parked[request] = (client_address, time.monotonic())
+                    selector.register(request, selectors.EVENT_READ)
+                for key, _ in selector.select(timeout=0.1):
+                    if key.fileobj is self._wake_reader:
+                        with contextlib.suppress(OSError):
+                            self._wake_reader.recv(4096)
+                        continue
+                    request = key.fileobj
+                    selector.unregister(request)
+                    client_address, _ = parked.pop(request)
+                    self._park_slots.release()
+                    self._dispatch(request, client_address)
+                expired = time.monotonic() - self.idle_timeout_s
+                for request, (_, since) in list(parked.items()):
+                    if since > expired:
+                        break
+                    selector.unregister(request)
+                    del parked[request]
+                    self._park_slots.release()
+                    self.shutdown_request(request)
+        finally:
+            for request in parked:
+                self.shutdown_request(request)
+            selector.close()
+
+    def _dispatch(self, request: socket.socket, client_address: Any) -> None:
+        """Hands a connection with a request to a free worker, waiting for one."""
         while not self._free.acquire(timeout=0.1):
             self.saturated = True
             if self._closing.is_set():
@@ -66,13 +150,6 @@ class PooledHTTPServer(HTTPServer):
             else:
                 self._idle -= 1
         self._jobs.put((request, client_address))
-
-    def server_close(self) -> None:
-        """Stops accepting and lets every worker end after its current connection."""
-        self._closing.set()
-        super().server_close()
-        for _ in self._workers:
-            self._jobs.put(None)
 
     def _work(self) -> None:
         while True:

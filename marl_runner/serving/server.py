@@ -149,7 +149,8 @@ class PolicyServer:
     2 * num_envs + 16 when that is more, so every episode slot can have a
     waiting caller). `max_bytes_in_flight` bounds the estimated memory of the
     bodies being decoded at once (default: 4 * `max_body_bytes`, at least
-    256 MB).
+    256 MB). A keep-alive connection without a request for `idle_timeout_s`
+    is closed, freeing its worker.
     """
 
     def __init__(
@@ -162,6 +163,7 @@ class PolicyServer:
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         max_workers: int | None = None,
         max_bytes_in_flight: int | None = None,
+        idle_timeout_s: float = IDLE_CONNECTION_TIMEOUT_S,
     ) -> None:
         if not isinstance(runner.env, ExternalVectorEnv):
             raise ServerSetupError(
@@ -185,7 +187,7 @@ class PolicyServer:
         if max_bytes_in_flight is None:
             max_bytes_in_flight = max(4 * max_body_bytes, 256 * 1024 * 1024)
         self.body_budget = BodyBudget(max_bytes_in_flight)
-        self._httpd = _HTTPServer((host, port), _Handler, max_workers)
+        self._httpd = _HTTPServer((host, port), _Handler, max_workers, idle_timeout_s)
         self._httpd.policy_server = self
         self._thread: threading.Thread | None = None
 
@@ -353,9 +355,12 @@ class _HTTPServer(PooledHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
-    timeout = IDLE_CONNECTION_TIMEOUT_S
     disable_nagle_algorithm = True  # small replies: no 40 ms wait for a delayed ACK
     server: _HTTPServer
+
+    def setup(self) -> None:
+        self.timeout = self.server.idle_timeout_s  # socket timeout: idle keep-alive ends
+        super().setup()
 
     def do_GET(self) -> None:
         self._handle("GET")

@@ -68,7 +68,8 @@ def space_array(space: gym.Space, value: Any, where: str, *, rows: int | None = 
         refuse_first(~np.isfinite(array), array, where, "")
     low, high = _bounds(space)
     refuse_first((array < low) | (array > high), array, where, f", outside {space}")
-    converted = array.astype(target, copy=False)
+    with np.errstate(over="ignore"):  # an overflow is refused just below
+        converted = array.astype(target, copy=False)
     if target.kind == "f" and converted.dtype != array.dtype:
         refuse_first(~np.isfinite(converted), array, where, f", too large for {target}")
     return converted
