@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
+
+_TENSORDICT_HINT = "install it with: pip install 'marl-runner[torchrl]'"
 
 
 class SampleBatch(dict):
     """A dict of equal-length numpy columns, one row per agent step.
 
     Column names follow RLlib's so that training code written for it reads the
-    same. ``infos`` is an object array; every other column is a plain array.
+    same. ``infos`` is an object array; a Dict / Tuple obs or action column is
+    a dict / tuple of arrays; every other column is a plain array.
     """
 
     OBS = "obs"
@@ -66,6 +69,102 @@ class SampleBatch(dict):
             else:
                 out[key] = column
         return out
+
+    def minibatches(
+        self, size: int, shuffle: bool = True, seed: int | None = None
+    ) -> Iterator[SampleBatch]:
+        """Consecutive minibatches of ``size`` rows covering every row once.
+
+        With ``shuffle`` the rows are permuted once (one copy, ``seed`` makes
+        the order repeatable) and the minibatches are views of that copy;
+        without, they are views of this batch in row order. When ``size`` does
+        not divide ``len(self)``, the last minibatch is smaller: it holds the
+        remaining ``len(self) % size`` rows (none are dropped). Rows are cut
+        one by one, so sequences (``seq_lens`` > 1) are not kept together.
+        """
+        if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
+            raise ValueError(f"minibatches: size must be an int >= 1, got {size!r}")
+        source = self
+        if shuffle:
+            source = self.select(np.random.default_rng(seed).permutation(len(self)))
+        for start in range(0, len(self), int(size)):
+            yield source.rows_slice(start, start + int(size))
+
+    def split_by_episode(self) -> list[SampleBatch]:
+        """One batch per ``eps_id``, in order of each episode's first row; rows keep their order."""
+        if self.EPS_ID not in self:
+            raise KeyError(f"split_by_episode: the batch has no {self.EPS_ID!r} column")
+        eps_ids = np.asarray(self[self.EPS_ID])
+        _, first_rows, which = np.unique(eps_ids, return_index=True, return_inverse=True)
+        return [self.select(np.flatnonzero(which == i)) for i in np.argsort(first_rows)]
+
+    def to_tensors(self, device: Any = "cpu") -> dict[str, Any]:
+        """Numeric and bool columns as torch tensors on ``device`` (Dict columns as dicts of them).
+
+        Columns torch cannot hold are left out: ``infos`` and other object
+        columns, strings (agent ids). Use for the learner; ``to_torch`` keeps them.
+        """
+        import torch
+
+        def convert(column: Any) -> Any:
+            if isinstance(column, dict):
+                return {k: convert(v) for k, v in column.items() if _is_numeric(v)}
+            if isinstance(column, tuple):
+                return tuple(convert(v) for v in column)
+            return torch.as_tensor(column, device=device)
+
+        return {key: convert(column) for key, column in self.items() if _is_numeric(column)}
+
+    def to_tensordict(self, device: Any = None) -> Any:
+        """The columns ``to_tensors`` keeps, as a ``tensordict.TensorDict`` of ``len(self)`` rows.
+
+        Dict columns become nested TensorDicts; a Tuple column is refused (a
+        TensorDict holds no tuples). Needs the optional ``torchrl`` extra.
+        """
+        try:
+            import torch
+            from tensordict import TensorDict
+        except ImportError as exc:
+            raise ImportError(
+                f"SampleBatch.to_tensordict needs tensordict ({exc}); {_TENSORDICT_HINT}"
+            ) from exc
+        rows = [len(self)]
+
+        def convert(name: str, column: Any) -> Any:
+            if isinstance(column, tuple):
+                raise TypeError(
+                    f"to_tensordict: column {name!r} is a Tuple column; a TensorDict holds no "
+                    "tuples (use to_tensors)"
+                )
+            if isinstance(column, dict):
+                leaves = {k: convert(f"{name}/{k}", v) for k, v in column.items() if _is_numeric(v)}
+                return TensorDict(leaves, batch_size=rows, device=device)
+            return torch.as_tensor(column, device=device)
+
+        columns = {k: convert(k, v) for k, v in self.items() if _is_numeric(v)}
+        return TensorDict(columns, batch_size=rows, device=device)
+
+    @classmethod
+    def from_tensordict(cls, td: Any) -> SampleBatch:
+        """A batch of numpy columns (on the CPU) from a TensorDict with one batch dimension."""
+        try:
+            from tensordict import TensorDictBase
+        except ImportError as exc:
+            raise ImportError(
+                f"SampleBatch.from_tensordict needs tensordict ({exc}); {_TENSORDICT_HINT}"
+            ) from exc
+        if not isinstance(td, TensorDictBase) or len(td.batch_size) != 1:
+            raise TypeError(
+                "SampleBatch.from_tensordict expects a TensorDict with one batch dimension, got "
+                f"{type(td).__name__} with batch_size {getattr(td, 'batch_size', None)}"
+            )
+
+        def convert(value: Any) -> Any:
+            if isinstance(value, TensorDictBase):
+                return {key: convert(value.get(key)) for key in value.keys()}
+            return value.detach().cpu().numpy()
+
+        return cls({key: convert(td.get(key)) for key in td.keys()})
 
     def __repr__(self) -> str:
         cols = ", ".join(f"{k}{_shape_of(v)}" for k, v in self.items())
@@ -126,24 +225,46 @@ def concat_samples(batches: Iterable[SampleBatch | MultiAgentBatch]) -> Any:
 
 
 def _column_length(column: Any) -> int:
+    if isinstance(column, dict):
+        return _column_length(next(iter(column.values()))) if column else 0
+    if isinstance(column, tuple):
+        return _column_length(column[0]) if column else 0
     if isinstance(column, np.ndarray):
         return column.shape[0] if column.ndim else 1
     return len(column)
 
 
 def _index_column(column: Any, index: Any) -> Any:
+    """Rows of a column; a Dict / Tuple column row-indexed leaf by leaf."""
+    if isinstance(column, dict):
+        return {key: _index_column(leaf, index) for key, leaf in column.items()}
+    if isinstance(column, tuple):
+        return tuple(_index_column(leaf, index) for leaf in column)
     if isinstance(column, np.ndarray):
         return column[index]
     return np.asarray(column, dtype=object)[index]
 
 
-def _concat_column(parts: list[Any]) -> np.ndarray:
+def _concat_column(parts: list[Any]) -> Any:
     if len(parts) == 1:
         return parts[0]
+    if isinstance(parts[0], dict):
+        return {key: _concat_column([part[key] for part in parts]) for key in parts[0]}
+    if isinstance(parts[0], tuple):
+        return tuple(_concat_column([part[i] for part in parts]) for i in range(len(parts[0])))
     return np.concatenate(parts, axis=0)
 
 
+def _is_numeric(column: Any) -> bool:
+    """Whether torch can hold the column: numbers and bools, or a Dict / Tuple of them."""
+    return isinstance(column, (dict, tuple)) or np.asarray(column).dtype.kind in "biuf"
+
+
 def _shape_of(column: Any) -> str:
+    if isinstance(column, dict):
+        return "{" + ", ".join(f"{k}: {_shape_of(v)}" for k, v in column.items()) + "}"
+    if isinstance(column, tuple):
+        return "(" + ", ".join(_shape_of(v) for v in column) + ")"
     if isinstance(column, np.ndarray):
         return f"{list(column.shape)}:{column.dtype}"
     return f"[{len(column)}]"

@@ -5,7 +5,9 @@ consumer can pick up files while the sampler is still writing. Each file is
 written to a hidden temp file in the same directory, fsynced, then renamed
 into place (``os.replace`` is atomic on one file system): a reader never
 sees a half-written batch, and a crash leaves at most a stray ``.tmp`` file
-that ``read_batches`` skips.
+that ``read_batches`` skips. ``format="parquet"`` writes the same batches as
+Parquet episode tables instead (``marl_runner.parquet_io``, docs/DATA.md);
+``read_batches`` reads either back into equal batches.
 
 File format (a regular ``.npz``, i.e. a zip of ``.npy`` arrays, readable
 by anyone with numpy and never unpickled)::
@@ -28,32 +30,36 @@ by anyone with numpy and never unpickled)::
   string columns are stored as they are. Nested columns (Dict / Tuple obs or
   actions) are stored leaf by leaf as ``<policy id>/<column>/<key>`` (tuple
   positions as ``0``, ``1`` ..., recorded as ``{"__tuple__": [...]}``); ``read_batches`` puts them back together
-  from the header's ``structure``. Object columns (``infos``) are stored as
-  one JSON text per row: numpy values become numbers and lists, tuples lists.
+  from the header's ``structure``. An object column whose rows are alike
+  dicts of arrays (a Dict obs without connectors) is stored the same way,
+  key by key (encoding ``row_dicts``), and read back as one dict per row.
+  Other object columns (``infos``) are stored as one JSON text per row:
+  numpy values become numbers and lists, tuples lists.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from marl_runner.atomic_files import fsync_directory, write_atomically
 from marl_runner.batch import MultiAgentBatch, SampleBatch
+from marl_runner.json_rows import row_to_json
+from marl_runner.row_dicts import stack_row_dicts, unstack_row_dicts
 
 __all__ = ["batch_path", "list_batch_files", "read_batch", "read_batches", "write_batch"]
 
 FORMAT_NAME = "marl-runner-batch"
 FORMAT_VERSION = 2
-#: Files are readable by group and others, like the config saved next to them.
-FILE_MODE = 0o644
+FORMATS = ("npz", "parquet")
 _BATCH_FILE = re.compile(r"batch_(\d+)\.npz")
+_MANIFEST_FILE = re.compile(r"batch_(\d+)\.json")
 
 
 def batch_path(out_dir: str | Path, index: int) -> Path:
@@ -61,17 +67,37 @@ def batch_path(out_dir: str | Path, index: int) -> Path:
     return Path(out_dir) / f"batch_{index:06d}.npz"
 
 
-def write_batch(batch: MultiAgentBatch, out_dir: str | Path, index: int) -> Path:
+def write_batch(
+    batch: MultiAgentBatch,
+    out_dir: str | Path,
+    index: int,
+    format: str = "npz",
+    *,
+    metadata: Mapping[str, Any] | None = None,
+    **parquet_options: Any,
+) -> Path:
     """Writes ``batch`` atomically as batch number ``index`` and returns its path.
 
     Creates ``out_dir`` if needed. Refuses to overwrite an existing batch file
     (``FileExistsError``), since that would mix two runs in one directory.
+    ``format="parquet"`` needs pyarrow and returns the batch's manifest;
+    ``metadata`` (``parquet_metadata(runner)``) and ``max_rows_per_file`` /
+    ``compression`` go to ``marl_runner.parquet_io.write_parquet_batch``.
     """
     if not isinstance(batch, MultiAgentBatch):
         raise TypeError(f"write_batch expects a MultiAgentBatch, got {type(batch).__name__}")
     if isinstance(index, bool) or not isinstance(index, int) or index < 0:
         raise ValueError(f"write_batch: index must be an integer >= 0, got {index!r}")
+    if format not in FORMATS:
+        raise ValueError(f"write_batch: format {format!r} is not one of {list(FORMATS)}")
     out_dir = Path(out_dir)
+    if format == "parquet":
+        write_parquet_batch = _parquet_io().write_parquet_batch
+        out_dir.mkdir(parents=True, exist_ok=True)
+        return write_parquet_batch(batch, out_dir, index, metadata=metadata, **parquet_options)
+    if metadata is not None or parquet_options:
+        given = ["metadata"] * (metadata is not None) + sorted(parquet_options)
+        raise ValueError(f"write_batch: {given} apply to format='parquet' only")
     out_dir.mkdir(parents=True, exist_ok=True)
     final_path = batch_path(out_dir, index)
     if final_path.exists():
@@ -81,32 +107,26 @@ def write_batch(batch: MultiAgentBatch, out_dir: str | Path, index: int) -> Path
 
     arrays, header = _encode(batch)
     arrays["header"] = np.frombuffer(json.dumps(header).encode("utf-8"), dtype=np.uint8)
-    fd, tmp_name = tempfile.mkstemp(dir=out_dir, prefix=f".{final_path.stem}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, FILE_MODE)
-        with os.fdopen(fd, "wb") as tmp_file:
-            np.savez(tmp_file, allow_pickle=False, **arrays)
-            tmp_file.flush()
-            os.fsync(tmp_file.fileno())
-        os.replace(tmp_name, final_path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
-    _fsync_directory(out_dir)
+    write_atomically(final_path, lambda file: np.savez(file, allow_pickle=False, **arrays))
+    fsync_directory(out_dir)
     return final_path
 
 
 def list_batch_files(directory: str | Path) -> list[Path]:
-    """Batch files in ``directory`` in index order; temp files and other files are skipped."""
+    """Batch files in ``directory`` in index order; temp files and other files are skipped.
+
+    A Parquet batch is listed by its manifest (``batch_000001.json``), which
+    exists once all of the batch's files do.
+    """
     directory = Path(directory)
     if not directory.is_dir():
         raise FileNotFoundError(f"batch directory {directory} does not exist")
     found = []
     for entry in directory.iterdir():
-        match = _BATCH_FILE.fullmatch(entry.name)
+        match = _BATCH_FILE.fullmatch(entry.name) or _MANIFEST_FILE.fullmatch(entry.name)
         if match and entry.is_file():
-            found.append((int(match.group(1)), entry))
-    return [path for _, path in sorted(found)]
+            found.append((int(match.group(1)), entry.suffix, entry))
+    return [path for _, _, path in sorted(found)]
 
 
 def read_batches(directory: str | Path) -> Iterator[MultiAgentBatch]:
@@ -116,8 +136,10 @@ def read_batches(directory: str | Path) -> Iterator[MultiAgentBatch]:
 
 
 def read_batch(path: str | Path) -> MultiAgentBatch:
-    """Loads one batch file written by ``write_batch``."""
+    """Loads one batch file written by ``write_batch`` (a Parquet batch by its manifest)."""
     path = Path(path)
+    if path.suffix == ".json":
+        return _parquet_io().read_parquet_batch(path)
     try:
         with np.load(path, allow_pickle=False) as data:
             header = json.loads(data["header"].tobytes().decode("utf-8"))
@@ -174,8 +196,14 @@ def _encode_column(
             "structure": _store_leaves(arrays, entry, column),
         }
     column = np.asarray(column)
+    stacked = None
+    if column.dtype == object and name != SampleBatch.INFOS:
+        stacked = stack_row_dicts(column)
+    if stacked is not None:
+        structure = _store_leaves(arrays, entry, stacked)
+        return {"name": name, "encoding": "row_dicts", "structure": structure}
     if column.dtype == object:
-        arrays[entry] = np.array([_to_json(entry, value) for value in column], dtype=np.str_)
+        arrays[entry] = np.array([row_to_json(value, entry) for value in column], dtype=np.str_)
         return {"name": name, "encoding": "json"}
     arrays[entry] = column
     return {"name": name, "encoding": "array"}
@@ -204,23 +232,6 @@ def _part(name: Any) -> str:
     return name
 
 
-def _to_json(entry: str, value: Any) -> str:
-    try:
-        return json.dumps(value, default=_json_default)
-    except (TypeError, ValueError) as exc:
-        raise TypeError(
-            f"write_batch: a row of {entry!r} is not JSON-serialisable: {exc}"
-        ) from None
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, np.generic):
-        return value.item()
-    raise TypeError(f"{type(value).__name__} {value!r}")
-
-
 def _decode_column(data: Any, entry: str, column: dict[str, Any]) -> Any:
     encoding = column["encoding"]
     if encoding == "array":
@@ -232,6 +243,8 @@ def _decode_column(data: Any, entry: str, column: dict[str, Any]) -> Any:
         return decoded
     if encoding == "nested":
         return _load_leaves(data, column["structure"])
+    if encoding == "row_dicts":
+        return unstack_row_dicts(_load_leaves(data, column["structure"]))
     raise ValueError(f"unknown column encoding {encoding!r}")
 
 
@@ -243,12 +256,13 @@ def _load_leaves(data: Any, structure: Any) -> Any:
     return {key: _load_leaves(data, part) for key, part in structure.items()}
 
 
-def _fsync_directory(directory: Path) -> None:
-    """Makes the rename itself durable; only POSIX lets a directory be opened for this."""
-    if os.name != "posix":
-        return
-    fd = os.open(directory, os.O_RDONLY)
+def _parquet_io() -> Any:
+    """``marl_runner.parquet_io``, imported on first use: pyarrow is an optional extra."""
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        from marl_runner import parquet_io
+    except ImportError as exc:
+        raise ImportError(
+            f"the parquet batch format needs pyarrow ({exc}); install it with: "
+            "pip install 'marl-runner[parquet]'"
+        ) from exc
+    return parquet_io
