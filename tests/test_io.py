@@ -250,3 +250,20 @@ def test_unserialisable_info_names_the_column(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match="'p/infos' is not JSON-serialisable"):
         write_batch(batch, tmp_path, 1)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_dict_obs_rows_come_back_as_dicts_of_arrays(tmp_path: Path) -> None:
+    """Regression: an object column of Dict obs rows came back as JSON lists (int8 lost)."""
+    obs = np.empty(2, dtype=object)
+    obs[:] = [
+        {"observation": np.full((2, 3), i, np.int8), "action_mask": np.array([1, i], np.int8)}
+        for i in range(2)
+    ]
+    batch = MultiAgentBatch({"p": SampleBatch(obs=obs, actions=np.arange(2))}, env_steps=2)
+    path = write_batch(batch, tmp_path, 1)
+    with np.load(path, allow_pickle=False) as data:
+        assert data["p/obs/action_mask"].shape == (2, 2)
+    loaded = read_batch(path).policy_batches["p"]["obs"]
+    assert loaded.dtype == object and list(loaded[1]) == ["observation", "action_mask"]
+    assert loaded[1]["observation"].dtype == np.int8
+    np.testing.assert_array_equal(loaded[1]["action_mask"], [1, 1])
