@@ -34,9 +34,9 @@ import torch
 
 from marl_runner.config import RunnerConfig
 from marl_runner.envs import BaseEnv, make_vector_env
-from marl_runner.mapping import make_policy_mapping_fn
+from marl_runner.mapping import infer_policy_spaces, make_policy_mapping_fn
 from marl_runner.policy.models import build_model
-from marl_runner.policy_setup import infer_policy_spaces, policy_seed
+from marl_runner.policy_setup import policy_seed
 
 #: Phases timed in the bare loop, named like the runner's perf stats.
 BARE_PHASES = ("env_wait", "raw_obs_processing", "inference", "action_processing")

@@ -153,6 +153,7 @@ class AgentRows:
         return _column_length(column)
 
     def get(self, name: str, default: Any = None) -> Any:
+        """A column, or ``default`` when the rows have none of that name."""
         return self.columns.get(name, default)
 
     def __repr__(self) -> str:

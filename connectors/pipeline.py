@@ -37,6 +37,7 @@ class ConnectorTiming(NamedTuple):
 
     @property
     def mean_ms(self) -> float:
+        """Milliseconds per call."""
         return 1000.0 * self.seconds / self.calls if self.calls else 0.0
 
     def to_dict(self) -> dict[str, float | int]:
@@ -116,16 +117,20 @@ class ConnectorPipeline(Generic[C]):
         raise KeyError(f"no connector {wanted!r} in {type(self).__name__}; it has {names}")
 
     def append(self, connector: C) -> None:
+        """Adds a connector at the end; the chain is checked first."""
         self._set_chain([*self._connectors, connector])
 
     def prepend(self, connector: C) -> None:
+        """Adds a connector at the front; the chain is checked first."""
         self._set_chain([connector, *self._connectors])
 
     def insert_before(self, name_or_cls: Key, connector: C) -> None:
+        """Adds a connector before the first match of ``name_or_cls``."""
         i = self._index(name_or_cls)
         self._set_chain([*self._connectors[:i], connector, *self._connectors[i:]])
 
     def insert_after(self, name_or_cls: Key, connector: C) -> None:
+        """Adds a connector after the first match of ``name_or_cls``."""
         i = self._index(name_or_cls) + 1
         self._set_chain([*self._connectors[:i], connector, *self._connectors[i:]])
 
@@ -204,15 +209,18 @@ class ConnectorPipeline(Generic[C]):
         return {name: timing.to_dict() for name, timing in self.pop_timing_records().items()}
 
     def reset(self, env_id: int) -> None:
+        """The sub-env is reset: every connector forgets its per-trajectory state there."""
         for connector in self._connectors:
             connector.reset(env_id)
 
     def in_training(self) -> None:
+        """Training mode: stateful connectors (e.g. filters) update their statistics."""
         self.is_training = True
         for connector in self._connectors:
             connector.in_training()
 
     def in_eval(self) -> None:
+        """Evaluation mode: stateful connectors use, but do not update, their statistics."""
         self.is_training = False
         for connector in self._connectors:
             connector.in_eval()
@@ -225,6 +233,7 @@ class ConnectorPipeline(Generic[C]):
 
     @classmethod
     def from_state(cls, ctx: ConnectorContext, state: Sequence[Any]) -> Self:
+        """A new pipeline from ``to_state``'s result."""
         return cls(ctx, build_connectors(state, ctx, kind=cls.kind))  # type: ignore[arg-type]
 
     def set_state(self, state: Sequence[Any]) -> None:

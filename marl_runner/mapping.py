@@ -1,22 +1,36 @@
-"""Policy mapping functions from the three forms a config may give.
+"""Policy mapping, in one place: which policy each agent plays.
 
 A mapping function binds each agent of an episode to a policy id:
 ``fn(agent_id, episode, **kwargs) -> policy_id``. Users may write it as a
 function (in code or as a ``"module:function"`` import path), as a dict of
-agent-id globs, or leave it out when there is a single policy.
+agent-id globs, or leave it out when there is a single policy
+(``make_policy_mapping_fn``). ``AgentMapping`` is the runner's live mapping
+(the keyword arguments it passes, replacing it between samples);
+``infer_policy_spaces`` derives each policy's spaces from the agents mapped
+to it. Episodes cache an agent's policy (``MultiAgentEpisode.policy_for``);
+``PolicyMap`` builds a policy when its first agent is mapped to it.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import inspect
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
+
+import gymnasium as gym
 
 from marl_runner.config import ConfigError
 from marl_runner.imports import import_object
 
-__all__ = ["PolicyMappingError", "PolicyMappingFn", "make_policy_mapping_fn"]
+__all__ = [
+    "AgentMapping",
+    "PolicyMappingError",
+    "PolicyMappingFn",
+    "SpaceMismatchError",
+    "infer_policy_spaces",
+    "make_policy_mapping_fn",
+]
 
 PolicyMappingFn = Callable[..., str]
 
@@ -31,6 +45,67 @@ class PolicyMappingError(ConfigError):
 
     def __init__(self, problem: str) -> None:
         super().__init__("policy_mapping_fn", problem)
+
+
+class SpaceMismatchError(ConfigError):
+    """Agents mapped to one policy disagree on their spaces, or a policy does not fit them."""
+
+
+class AgentMapping:
+    """The runner's mapping: the user's (any form), called with the keyword arguments
+    it asks for out of ``context`` (``runner``, ``worker``), its result checked against
+    ``policy_ids`` (a live view, so policies added later count)."""
+
+    def __init__(
+        self,
+        spec: Callable[..., Any] | str | Mapping[str, str] | None,
+        policy_ids: Collection[str],
+        context: Mapping[str, Any],
+    ) -> None:
+        self._policy_ids = policy_ids
+        self._context = dict(context)
+        self._fn = make_policy_mapping_fn(spec, policy_ids)
+
+    def __call__(self, agent_id: Any, episode: Any) -> str:
+        """The policy id ``agent_id`` plays in ``episode``."""
+        return self._fn(agent_id, episode, **self._context)
+
+    def replace(self, spec: Callable[..., Any] | str | Mapping[str, str]) -> None:
+        """A new mapping for agents mapped from now on (see ``EnvRunner.set_policy_mapping_fn``)."""
+        self._fn = make_policy_mapping_fn(spec, self._policy_ids)
+
+
+def infer_policy_spaces(
+    agents: Iterable[Any],
+    policy_for: Callable[[Any], str],
+    observation_space: Callable[[Any], gym.Space],
+    action_space: Callable[[Any], gym.Space],
+) -> dict[str, tuple[gym.Space, gym.Space, Any]]:
+    """``policy_id -> (obs_space, action_space, first agent)`` from the agents mapped to it.
+
+    Raises:
+        SpaceMismatchError: two agents of one policy have different spaces.
+    """
+    spaces: dict[str, tuple[gym.Space, gym.Space, Any]] = {}
+    for agent in agents:
+        policy_id = policy_for(agent)
+        obs_space, act_space = observation_space(agent), action_space(agent)
+        if policy_id not in spaces:
+            spaces[policy_id] = (obs_space, act_space, agent)
+            continue
+        known_obs, known_act, first_agent = spaces[policy_id]
+        for kind, known, space in (
+            ("observation", known_obs, obs_space),
+            ("action", known_act, act_space),
+        ):
+            if known != space:
+                raise SpaceMismatchError(
+                    f"policies.{policy_id}",
+                    f"agents {first_agent!r} and {agent!r} both map to policy {policy_id!r} "
+                    f"but have different {kind} spaces: {known} vs {space}; agents sharing "
+                    f"a policy must share spaces (map them to different policies)",
+                )
+    return spaces
 
 
 def make_policy_mapping_fn(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from time import perf_counter
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -11,6 +12,18 @@ import numpy as np
 # How many fault messages ``get_metrics()["faults"]`` keeps (the most recent).
 MAX_REPORTED_FAULTS = 10
 PHASES = ("raw_obs_processing", "inference", "action_processing", "env_wait", "env_render")
+
+#: The runner step's steps (docs/DESIGN.md), in order, and the phase each one is reported under.
+STEP_PHASES = {
+    "poll": "env_wait",
+    "collect": "raw_obs_processing",
+    "agent_connectors": "raw_obs_processing",
+    "forward": "inference",
+    "action_connectors": "action_processing",
+    "store": "action_processing",
+    "send": "env_wait",
+    "build_fragments": "action_processing",
+}
 
 
 class RolloutMetrics(NamedTuple):
@@ -55,29 +68,45 @@ class PerfStats:
         self.num_steps = 0
         self._totals = dict.fromkeys(PHASES, 0.0)
         self._ema = dict.fromkeys(PHASES, 0.0)
-        self._current = dict.fromkeys(PHASES, 0.0)
 
-    def add(self, phase: str, seconds: float) -> None:
-        self._current[phase] += seconds
-
-    def end_step(self) -> None:
+    def record_step(self, seconds_by_step: dict[str, float]) -> None:
+        """One runner step's timings keyed by step name (``STEP_PHASES``), added as phases."""
+        current = dict.fromkeys(PHASES, 0.0)
+        for step, seconds in seconds_by_step.items():
+            current[STEP_PHASES[step]] += seconds
         self.num_steps += 1
-        for phase, seconds in self._current.items():
+        for phase, seconds in current.items():
             if self.ema_coef is None:
                 self._totals[phase] += seconds
             elif self.num_steps == 1:
                 self._ema[phase] = seconds
             else:
                 self._ema[phase] = (1 - self.ema_coef) * self._ema[phase] + self.ema_coef * seconds
-            self._current[phase] = 0.0
 
     def get(self) -> dict[str, float]:
+        """``mean_<phase>_ms`` for every phase: the mean over steps, or the EMA."""
         if self.ema_coef is None:
             steps = max(self.num_steps, 1)
             values = {p: s / steps for p, s in self._totals.items()}
         else:
             values = self._ema
         return {f"mean_{phase}_ms": values[phase] * 1000.0 for phase in PHASES}
+
+
+class StepTimer:
+    """Seconds per named step of one runner step: ``lap(name)`` ends the step ``name``."""
+
+    __slots__ = ("seconds", "_last")
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._last = perf_counter()
+
+    def lap(self, step: str) -> None:
+        """Ends step ``step``: its seconds are the time since the previous lap."""
+        now = perf_counter()
+        self.seconds[step] = now - self._last
+        self._last = now
 
 
 class MetricsCollector:
@@ -96,6 +125,7 @@ class MetricsCollector:
         self.since = time.perf_counter()
 
     def add_episode(self, record: RolloutMetrics, num_late_rewards: int = 0) -> None:
+        """Keeps one episode's record until the next ``summary``."""
         self.episodes.append(record)
         self.num_late_rewards += num_late_rewards
 

@@ -1,4 +1,4 @@
-"""Builds each policy with its connector pipelines, spaces taken from the env's agents.
+"""Builds each policy with its connector pipelines, spaces taken from the agents mapped to it.
 
 The connector chains come first: the policy's observation space is the agent
 chain's output, its action space what the action chain takes. Everything
@@ -10,7 +10,6 @@ is about to sample or ``marl-runner validate`` only builds it.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable, Iterable
 from typing import Any
 
 import gymnasium as gym
@@ -23,11 +22,8 @@ from connectors import (
     build_pipeline,
 )
 from marl_runner.config import ConfigError
+from marl_runner.mapping import SpaceMismatchError
 from marl_runner.policy import Policy, build_policy
-
-
-class SpaceMismatchError(ConfigError):
-    """Agents mapped to one policy disagree on their spaces, or a policy does not fit them."""
 
 
 class PolicyEntry:
@@ -59,35 +55,6 @@ class PolicyEntry:
         self.wants_postprocess = policy.wants_postprocessing()
         policy.agent_connectors = agent_pipeline
         policy.action_connectors = action_pipeline
-
-
-def infer_policy_spaces(
-    agents: Iterable[Any],
-    policy_for: Callable[[Any], str],
-    observation_space: Callable[[Any], gym.Space],
-    action_space: Callable[[Any], gym.Space],
-) -> dict[str, tuple[gym.Space, gym.Space, Any]]:
-    """``policy_id -> (obs_space, action_space, first agent)`` from the agents mapped to it."""
-    spaces: dict[str, tuple[gym.Space, gym.Space, Any]] = {}
-    for agent in agents:
-        policy_id = policy_for(agent)
-        obs_space, act_space = observation_space(agent), action_space(agent)
-        if policy_id not in spaces:
-            spaces[policy_id] = (obs_space, act_space, agent)
-            continue
-        known_obs, known_act, first_agent = spaces[policy_id]
-        for kind, known, space in (
-            ("observation", known_obs, obs_space),
-            ("action", known_act, act_space),
-        ):
-            if known != space:
-                raise SpaceMismatchError(
-                    f"policies.{policy_id}",
-                    f"agents {first_agent!r} and {agent!r} both map to policy {policy_id!r} "
-                    f"but have different {kind} spaces: {known} vs {space}; agents sharing "
-                    f"a policy must share spaces (map them to different policies)",
-                )
-    return spaces
 
 
 def policy_seed(seed: int | None, policy_id: str) -> int | None:

@@ -10,7 +10,7 @@ import pytest
 
 from marl_runner import ConfigError, EnvRunner, RandomPolicy, RunnerConfig, check_batch_invariants
 from marl_runner.envs import MultiAgentEnv
-from marl_runner.policy_setup import SpaceMismatchError
+from marl_runner.mapping import SpaceMismatchError
 from tests.runner_helpers import config
 
 CHEAP = "marl_runner.envs.testing:CheapEnv"

@@ -4,16 +4,25 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import gymnasium as gym
 import numpy as np
 
 if TYPE_CHECKING:
     from marl_runner.batch import SampleBatch
-    from marl_runner.sampling.episode import MultiAgentEpisode
 
-__all__ = ["Policy", "PolicyOutput"]
+__all__ = ["EpisodeView", "Policy", "PolicyOutput"]
+
+
+class EpisodeView(Protocol):
+    """What a policy may read of the episode a trajectory comes from (the runner passes
+    its ``MultiAgentEpisode``); a Protocol, so that policies never import the sampling loop."""
+
+    episode_id: int
+    env_id: int
+    length: int
+    user_data: dict[str, Any]
 
 PolicyOutput = tuple[Any, list[np.ndarray], dict[str, np.ndarray]]
 """``(actions, state_outs, extra)``: every array has one row per input row."""
@@ -58,7 +67,6 @@ class Policy(abc.ABC):
         input_dict: Mapping[str, Any],
         explore: bool | None = None,
         timestep: int | None = None,
-        episodes: list[MultiAgentEpisode] | None = None,
     ) -> PolicyOutput:
         """Actions for every row of ``input_dict`` in one batched call.
 
@@ -73,9 +81,11 @@ class Policy(abc.ABC):
         return []
 
     def num_state_tensors(self) -> int:
+        """How many recurrent state arrays each row carries (0: feed-forward)."""
         return len(self.get_initial_state())
 
     def is_recurrent(self) -> bool:
+        """Whether the policy carries state from one row of an agent to its next."""
         return self.num_state_tensors() > 0
 
     def get_weights(self) -> dict[str, np.ndarray]:
@@ -106,7 +116,7 @@ class Policy(abc.ABC):
         self,
         batch: SampleBatch,
         other_agent_batches: Mapping[Any, Any] | None = None,
-        episode: MultiAgentEpisode | None = None,
+        episode: EpisodeView | None = None,
     ) -> SampleBatch:
         """Adds training columns (e.g. advantages) to one agent's trajectory; default: none."""
         return batch

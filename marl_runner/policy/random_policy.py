@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
 from marl_runner.policy.action_spaces import check_action_mask, multidiscrete_layout
 from marl_runner.policy.base import Policy, PolicyOutput
-
-if TYPE_CHECKING:
-    from marl_runner.sampling.episode import MultiAgentEpisode
 
 __all__ = ["RandomPolicy"]
 
@@ -53,7 +50,6 @@ class RandomPolicy(Policy):
         input_dict: Mapping[str, Any],
         explore: bool | None = None,
         timestep: int | None = None,
-        episodes: list[MultiAgentEpisode] | None = None,
     ) -> PolicyOutput:
         """Random actions for every row; reads only ``len(obs)`` and ``action_mask``."""
         num_rows = len(input_dict["obs"])
@@ -69,6 +65,7 @@ class RandomPolicy(Policy):
         return {"weights": {}, "rng_state": self._rng.bit_generator.state}
 
     def set_state(self, state: Mapping[str, Any]) -> None:
+        """Restores the generator, so that the same actions follow."""
         if "rng_state" in state:
             self._rng.bit_generator.state = state["rng_state"]
 

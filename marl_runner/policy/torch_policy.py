@@ -12,7 +12,7 @@ from torch import nn
 
 from marl_runner.policy.action_heads import make_action_head
 from marl_runner.policy.action_spaces import action_feature_size, check_action_mask, encode_actions
-from marl_runner.policy.base import Policy, PolicyOutput
+from marl_runner.policy.base import EpisodeView, Policy, PolicyOutput
 from marl_runner.policy.gae import compute_gae, parse_gae_config
 from marl_runner.policy.models import build_model, is_recurrent_model
 from marl_runner.policy.sequences import sequence_starts, unroll
@@ -20,7 +20,6 @@ from marl_runner.policy.torch_utils import resolve_device, seeded_cpu_rng, to_nu
 
 if TYPE_CHECKING:
     from marl_runner.batch import SampleBatch
-    from marl_runner.sampling.episode import MultiAgentEpisode
 
 __all__ = ["TorchPolicy"]
 
@@ -148,12 +147,15 @@ class TorchPolicy(Policy):
         return True
 
     def get_initial_state(self) -> list[np.ndarray]:
+        """The model's state for a fresh agent, copies (one array per state tensor)."""
         return [state.copy() for state in self._initial_state]
 
     def num_state_tensors(self) -> int:
+        """How many state arrays the model carries (0 for mlp and cnn)."""
         return len(self._initial_state)
 
     def is_recurrent(self) -> bool:
+        """Whether the model is recurrent (``lstm``)."""
         return self._recurrent
 
     def compute_actions_from_input_dict(
@@ -161,9 +163,8 @@ class TorchPolicy(Policy):
         input_dict: Mapping[str, Any],
         explore: bool | None = None,
         timestep: int | None = None,
-        episodes: list[MultiAgentEpisode] | None = None,
     ) -> PolicyOutput:
-        """One forward pass over all rows; ``timestep`` and ``episodes`` are not used."""
+        """One forward pass over all rows; ``timestep`` is not used."""
         explore = self.config["explore"] if explore is None else explore
         model_input = self._model_input(input_dict)
         num_rows = len(model_input)
@@ -244,13 +245,14 @@ class TorchPolicy(Policy):
         return logp, self.action_head.entropy(dist_inputs), values
 
     def wants_postprocessing(self) -> bool:
+        """Only with ``gae`` configured: otherwise batches need no per-trajectory pass."""
         return self._gae is not None
 
     def postprocess_trajectory(
         self,
         batch: SampleBatch,
         other_agent_batches: Mapping[Any, Any] | None = None,
-        episode: MultiAgentEpisode | None = None,
+        episode: EpisodeView | None = None,
     ) -> SampleBatch:
         """Adds ``advantages`` and ``value_targets`` (GAE) when the config has ``gae``.
 
@@ -290,6 +292,7 @@ class TorchPolicy(Policy):
         }
 
     def set_weights(self, weights: Mapping[str, np.ndarray]) -> None:
+        """Loads ``get_weights``'s arrays into the network (model and action head)."""
         self.network.load_state_dict(
             {name: torch.as_tensor(np.asarray(w)) for name, w in weights.items()}
         )
@@ -299,6 +302,7 @@ class TorchPolicy(Policy):
         return {**super().get_state(), "sampler_rng_state": self._generator.get_state().numpy()}
 
     def set_state(self, state: Mapping[str, Any]) -> None:
+        """Weights, and the sampling generator when the state has it."""
         super().set_state(state)
         if "sampler_rng_state" in state:
             self._generator.set_state(torch.from_numpy(np.asarray(state["sampler_rng_state"])))

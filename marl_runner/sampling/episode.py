@@ -84,9 +84,11 @@ class MultiAgentEpisode:
         return list(self.slots)
 
     def agent_index(self, agent_id: Any) -> int:
+        """The agent's index in this episode (order of first obs): the batches' ``agent_index``."""
         return self.slots[agent_id].index
 
     def is_done(self, agent_id: Any) -> bool:
+        """Whether the agent's last transition has been closed (it gets no more rows)."""
         slot = self.slots.get(agent_id)
         return slot is not None and slot.done
 
@@ -103,10 +105,12 @@ class MultiAgentEpisode:
 
     @property
     def total_reward(self) -> float:
+        """Everything the env gave all agents so far (late rewards included)."""
         return float(sum(self.rewards.totals.values()))
 
     @property
     def num_late_rewards(self) -> int:
+        """Rewards that came after their agent's final transition was handed out."""
         return self.rewards.num_late_rewards
 
     def __repr__(self) -> str:

@@ -49,6 +49,7 @@ class FragmentBuilder:
     # ---- counting
 
     def count_env_steps(self, env_ids: list[int]) -> None:
+        """One env step for each listed sub-env (towards its fragment and its episode)."""
         self._env_steps[env_ids] += 1
         self._episode_steps[env_ids] += 1
 
@@ -64,6 +65,7 @@ class FragmentBuilder:
     # ---- episodes
 
     def episode_ended(self, episode: MultiAgentEpisode) -> None:
+        """Counts the ended episode; in ``complete_episodes`` mode queues its fragment."""
         env_id = episode.env_id
         if self._truncate:
             self._episodes_ended[env_id] += 1

@@ -103,11 +103,13 @@ class EpisodeLifecycle:
         return slot
 
     def stepped(self, episodes: list[MultiAgentEpisode]) -> None:
+        """The ``on_episode_step`` callback for each episode stepped this round."""
         if "on_episode_step" in self._hooks:
             for episode in episodes:
                 self._callbacks.on_episode_step(**self._hook_kwargs(episode))
 
     def end(self, episode: MultiAgentEpisode) -> RolloutMetrics:
+        """An episode ended normally: callbacks told, its fragment queued, its metrics record."""
         if not episode.slots:
             raise NoObservationError(
                 f"sub-env {episode.env_id}: the episode ended after {episode.length} steps but "

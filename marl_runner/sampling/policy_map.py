@@ -12,9 +12,9 @@ from typing import Any
 
 import gymnasium as gym
 
-from marl_runner.mapping import make_policy_mapping_fn
+from marl_runner.mapping import AgentMapping, infer_policy_spaces
 from marl_runner.policy import Policy
-from marl_runner.policy_setup import PolicyEntry, build_entry, infer_policy_spaces
+from marl_runner.policy_setup import PolicyEntry, build_entry
 from marl_runner.sampling.episode import MultiAgentEpisode
 
 
@@ -40,13 +40,12 @@ class PolicyMap(Mapping[str, Policy]):
         self._possible_agents = possible_agents
         self._spaces_of = spaces_of
         self._config = runner_config
-        self._context = mapping_context
         self.entries: dict[str, PolicyEntry] = {}
         # Ready-made policies built before any agent mapped to them: their connectors
         # were built for the policy's own spaces, which may not be the env's.
         self._built_for_own_spaces: set[str] = set()
         # A live view: policies added later are valid mapping results too.
-        self._mapping_fn = make_policy_mapping_fn(mapping_fn, self._specs.keys())
+        self._mapping = AgentMapping(mapping_fn, self._specs.keys(), mapping_context)
         self._build_mapped(self._specs)
 
     # ---- Mapping[str, Policy]
@@ -72,10 +71,11 @@ class PolicyMap(Mapping[str, Policy]):
 
     def map_agent(self, agent_id: Any, episode: MultiAgentEpisode) -> str:
         """The user's mapping (which checks that the result is a known policy id)."""
-        return self._mapping_fn(agent_id, episode, **self._context)
+        return self._mapping(agent_id, episode)
 
     def set_mapping_fn(self, fn: Callable[..., str] | str | dict) -> None:
-        self._mapping_fn = make_policy_mapping_fn(fn, self._specs.keys())
+        """Agents mapped from now on use ``fn``."""
+        self._mapping.replace(fn)
 
     # ---- building
 
@@ -156,19 +156,23 @@ class PolicyMap(Mapping[str, Policy]):
     # ---- state
 
     def get_spaces(self) -> dict[str, tuple[gym.Space, gym.Space]]:
+        """``policy_id -> (policy input obs space, action space)`` of the built policies."""
         return {
             pid: (e.policy.observation_space, e.policy.action_space) for pid, e in self.entries.items()
         }
 
     def get_weights(self) -> dict[str, Any]:
+        """``policy_id -> weights`` of the built policies, to ship to other runners."""
         return {pid: e.policy.get_weights() for pid, e in self.entries.items()}
 
     def set_weights(self, weights: Mapping[str, Any]) -> None:
+        """Loads weights for the named built policies; an unknown id raises ``KeyError``."""
         self._check_built(weights, "set_weights")
         for pid, w in weights.items():
             self.entries[pid].policy.set_weights(w)
 
     def get_state(self) -> dict[str, Any]:
+        """Weights and both connector pipelines' state per built policy (checkpoints, syncing)."""
         return {
             pid: {
                 "weights": e.policy.get_weights(),
@@ -179,6 +183,7 @@ class PolicyMap(Mapping[str, Policy]):
         }
 
     def set_state(self, state: Mapping[str, Any]) -> None:
+        """Takes ``get_state``'s result over in place (see ``EnvRunner.set_state``)."""
         self._check_built(state, "set_state")
         for pid, policy_state in state.items():
             entry = self.entries[pid]
@@ -187,6 +192,7 @@ class PolicyMap(Mapping[str, Policy]):
             entry.action_pipeline.set_state(policy_state["action_connectors"])
 
     def pop_connector_timings(self) -> dict[str, dict[str, Any]]:
+        """Per policy, each pipeline's connector timings since the last call (``connector_metrics``)."""
         return {
             pid: {"agent": e.agent_pipeline.pop_timings(), "action": e.action_pipeline.pop_timings()}
             for pid, e in self.entries.items()

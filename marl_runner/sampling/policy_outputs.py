@@ -2,13 +2,57 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import tree
 
-from connectors.data import META_COLUMNS, AgentRows
+from connectors.data import META_COLUMNS, ActionRows, AgentRows
 from marl_runner.sampling.trajectories import KEY_COLUMN
+
+if TYPE_CHECKING:
+    from marl_runner.policy import PolicyOutput
+    from marl_runner.policy_setup import PolicyEntry
+
+
+class Evaluated(NamedTuple):
+    """One policy's forward pass of a round: which of its rows needed an action, those
+    rows, and the policy's output for them."""
+
+    needs_action: np.ndarray
+    input_rows: AgentRows
+    output: PolicyOutput
+
+
+def run_action_connectors(
+    entry: PolicyEntry,
+    evaluated: Evaluated,
+    num_rows: int,
+    off_policy: dict[int, dict],
+    actions_by_env: dict[int, dict],
+) -> dict[str, np.ndarray]:
+    """The policy's action pipeline; its env actions go to ``actions_by_env``.
+
+    Returns the action-side columns stored over all ``num_rows`` rows of the
+    round: the raw policy output (or the env's own choice where it acted
+    off-policy) and the extra outputs. Stateful agent connectors (previous
+    action, RNN state) are told what was stored.
+    """
+    needs_action, input_rows, (actions, state_outs, extra) = evaluated
+    action_rows = ActionRows(
+        actions=actions, state_outs=state_outs, extra=extra,
+        keys=input_rows["keys"], env_ids=input_rows["env_ids"],
+        agent_ids=input_rows["agent_ids"], input_rows=input_rows,
+    )
+    distribute_actions(actions_by_env, input_rows, entry.action_pipeline(action_rows).actions)
+    columns = {"actions": actions, **extra}
+    for i, state in enumerate(state_outs):
+        columns[f"state_out_{i}"] = state
+    if off_policy:
+        apply_off_policy_actions(columns, input_rows, off_policy)
+        action_rows = action_rows.replace(actions=columns["actions"])
+    entry.agent_pipeline.on_policy_output(action_rows)
+    return scatter(columns, needs_action, num_rows)
 
 
 def stored_columns(rows: AgentRows) -> dict[str, Any]:
@@ -58,6 +102,7 @@ def _split_rows(actions: Any, num_rows: int) -> list:
 
 
 def distribute_actions(actions_by_env: dict[int, dict], rows: AgentRows, actions: Any) -> None:
+    """Each row's env-bound action into ``actions_by_env[env_id][agent_id]``."""
     per_row = _split_rows(actions, len(rows))
     for env_id, agent_id, action in zip(rows["env_ids"].tolist(), rows["agent_ids"], per_row):
         actions_by_env[env_id][agent_id] = action

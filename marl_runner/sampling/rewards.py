@@ -1,4 +1,4 @@
-"""Where every reward of one episode goes: the one home of reward bookkeeping.
+"""Where every reward of one episode goes: the one home of reward crediting.
 
 An env may reward an agent in a round where the agent has no observation
 (turn-based games), before its first observation, or after it is done.
@@ -7,19 +7,30 @@ The rule (README, "What it guarantees") is that no reward is lost and each sits 
 - given with an obs: on the transition that obs closes;
 - given without an obs: held, then credited with the agent's next obs (or
   its fake final obs);
-- given before the agent's first obs: held, then credited to its first
-  transition (the one its second obs closes);
+- given before the agent's first obs, or with it: held, then credited to its
+  first transition (the one its second obs closes);
+- given to an agent first seen already done: it never gets a row; counted only;
 - given after the agent is done: added to its final transition while that
   row has not been handed out in a batch yet, else counted as a late reward.
 
 ``totals`` counts everything the env gave, late rewards included; episode
-metrics read it. PettingZoo's ``_accumulate_rewards`` is the model: one
-idea, one small object.
+metrics read it. The round collector asks the ledger what each row carries
+(``fast_path_ok`` and ``rewards_on_rows``, or ``settle``); the trajectory store asks it what a
+final transition carries (``add_rewards_after_done``). Nothing else decides
+about rewards.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from itertools import repeat
+from typing import Any, Protocol
+
+import numpy as np
+
+
+class _Slot(Protocol):
+    done: bool
 
 
 class RewardLedger:
@@ -30,8 +41,7 @@ class RewardLedger:
     def __init__(self) -> None:
         # Everything the env gave each agent (metrics).
         self.totals: dict[Any, float] = {}
-        # Given since the agent's last row; credited with its next row. While it is not
-        # empty, a round cannot take the group-wise fast path.
+        # Given since the agent's last row; credited with its next row.
         self.held: dict[Any, float] = {}
         # Given after the agent was done; joins its final transition when built.
         self._final_extra: dict[Any, float] = {}
@@ -39,27 +49,64 @@ class RewardLedger:
         self._handed_out: set[Any] = set()
         self.num_late_rewards = 0
 
-    def receive(self, rewards: dict[Any, float]) -> None:
+    def receive(self, rewards: Mapping[Any, float]) -> None:
         """Counts one round's rewards in the totals (all of them, whoever gets them)."""
         totals = self.totals
         for agent_id, reward in rewards.items():
             totals[agent_id] = totals.get(agent_id, 0.0) + reward
 
-    def hold(self, agent_id: Any, reward: float) -> None:
-        """A reward given while the agent had no obs this round."""
-        if reward:
-            self.held[agent_id] = self.held.get(agent_id, 0.0) + reward
+    # ---- the rows of a round
 
-    def credit(self, agent_id: Any, reward: float) -> float:
-        """The reward to put on the agent's row this round: held rewards plus ``reward``."""
-        held = self.held.pop(agent_id, None)
-        return reward if held is None else held + reward
+    def fast_path_ok(self, rewards: Mapping[Any, float], observing: frozenset) -> bool:
+        """Whether each row can carry just its own reward: nothing is held and every
+        reward goes to an agent in ``observing``; else the round needs ``settle``."""
+        return not self.held and rewards.keys() <= observing
 
-    def forfeit(self, agent_id: Any) -> None:
-        """The agent never gets a row (first seen already done): nothing to credit."""
-        self.held.pop(agent_id, None)
+    @staticmethod
+    def rewards_on_rows(rewards: Mapping[Any, float], agent_ids: Iterable[Any]) -> Iterator[float]:
+        """The reward of each row of ``agent_ids`` on the fast path."""
+        return map(rewards.get, agent_ids, repeat(0.0))
 
-    def give_after_done(self, agent_id: Any, reward: float) -> None:
+    def settle(
+        self,
+        rewards: Mapping[Any, float],
+        rows: Sequence[tuple[Any, bool]],
+        slots: Mapping[Any, _Slot],
+        born_done: Iterable[Any],
+    ) -> list[float]:
+        """The reward on each row of one sub-env's round, and the fate of every other reward.
+
+        ``rows``: ``(agent_id, is_first)`` per row (real or fake final obs);
+        ``slots``: the episode's agents as they were before this round (``done``);
+        ``born_done``: agents first seen already done, which get no row.
+        """
+        held = self.held
+        for agent_id in born_done:
+            held.pop(agent_id, None)
+        with_row = {agent_id for agent_id, _ in rows}
+        skipped = set(born_done)
+        for agent_id, reward in rewards.items():
+            if agent_id in with_row or agent_id in skipped:
+                continue
+            slot = slots.get(agent_id)
+            if slot is not None and slot.done:
+                self._after_done(agent_id, reward)
+            elif reward:
+                held[agent_id] = held.get(agent_id, 0.0) + reward
+        row_rewards = []
+        for agent_id, is_first in rows:
+            reward = rewards.get(agent_id, 0.0)
+            if is_first:
+                # A first row closes nothing; what it was given waits for the next row.
+                if reward:
+                    held[agent_id] = held.get(agent_id, 0.0) + reward
+                row_rewards.append(0.0)
+            else:
+                earlier = held.pop(agent_id, None)
+                row_rewards.append(reward if earlier is None else earlier + reward)
+        return row_rewards
+
+    def _after_done(self, agent_id: Any, reward: float) -> None:
         """A reward for an agent that is already done (already counted in ``totals``)."""
         if not reward:
             return
@@ -68,7 +115,24 @@ class RewardLedger:
         else:
             self._final_extra[agent_id] = self._final_extra.get(agent_id, 0.0) + reward
 
+    # ---- final transitions
+
     def hand_out_final(self, agent_id: Any) -> float:
         """The agent's final transition is being built: the extra reward it carries."""
         self._handed_out.add(agent_id)
         return self._final_extra.pop(agent_id, 0.0)
+
+
+def add_rewards_after_done(
+    rewards: np.ndarray, final_rows: Sequence[int], owners: Sequence[tuple[RewardLedger, Any]]
+) -> np.ndarray:
+    """``rewards`` with each final transition (row ``final_rows[i]``, agent ``owners[i]``)
+    carrying what its agent got after it was done; a copy only when something changes."""
+    out = rewards
+    for row, (ledger, agent_id) in zip(final_rows, owners):
+        extra = ledger.hand_out_final(agent_id)
+        if extra:
+            if out is rewards:
+                out = rewards.astype(np.float32, copy=True)
+            out[row] += extra
+    return out

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from itertools import repeat
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from connectors.data import AgentRows
+from marl_runner.sampling.env_output import SubEnvOutput
 from marl_runner.sampling.episode import AgentSlot, EpisodeLayout, MultiAgentEpisode
 from marl_runner.sampling.fake_obs import fake_final_obs
 from marl_runner.sampling.trajectories import KeyTable
@@ -41,6 +42,7 @@ class PolicyRows:
         self, obs: Any, reward: float, info: Any, key: int,
         terminated: bool, truncated: bool, is_first: bool,
     ) -> None:
+        """One row of the general path (the fast path extends the lists a group at a time)."""
         row = len(self.keys)
         self.obs.append(obs)
         self.rewards.append(reward)
@@ -85,29 +87,33 @@ class PolicyRows:
 
 
 class Round:
-    """The rows of one round, per policy id."""
+    """The rows of one round, per policy id, and the sub-envs that take part (get actions)."""
 
-    __slots__ = ("rows",)
+    __slots__ = ("rows", "env_ids")
 
     def __init__(self) -> None:
         self.rows: dict[str, PolicyRows] = {}
+        self.env_ids: list[int] = []
 
     def rows_for(self, policy_id: str) -> PolicyRows:
+        """The policy's rows of this round, made on first use."""
         rows = self.rows.get(policy_id)
         if rows is None:
             rows = self.rows[policy_id] = PolicyRows()
         return rows
 
     def to_agent_rows(self, key_table: KeyTable) -> dict[str, AgentRows]:
+        """``policy_id -> AgentRows`` for the policies that have rows this round."""
         return {pid: rows.to_agent_rows(key_table) for pid, rows in self.rows.items() if rows.keys}
 
 
 class RoundCollector:
-    """Turns one sub-env's raw output into rows of a ``Round``.
+    """Turns one sub-env's output into rows of a ``Round``.
 
     ``new_slot(episode, agent_id)`` gives a first-time agent its slot (policy
     mapped, policy built, trajectory key allocated);
     ``original_obs_space(policy_id)`` is the space fake final obs fill.
+    What each row's reward is, the episode's ``RewardLedger`` decides.
     """
 
     def __init__(
@@ -121,17 +127,9 @@ class RoundCollector:
         self._fake_obs_mode = fake_obs_mode
         self._keep_last_obs = fake_obs_mode == "last"
 
-    def collect(
-        self,
-        round_: Round,
-        episode: MultiAgentEpisode,
-        env_obs: dict,
-        env_rewards: dict,
-        env_terminateds: dict,
-        env_truncateds: dict,
-        env_infos: dict,
-    ) -> None:
-        """Adds one sub-env's data, whole policy groups at once when nothing changed."""
+    def collect(self, round_: Round, episode: MultiAgentEpisode, output: SubEnvOutput) -> None:
+        """Adds one sub-env's output, whole policy groups at once when nothing changed."""
+        env_obs, env_rewards = output.obs, output.rewards
         if self._keep_last_obs:
             episode.last_raw_obs.update(env_obs)
         ledger = episode.rewards
@@ -141,80 +139,46 @@ class RoundCollector:
         if (
             layout is not None
             and layout.agent_set == env_obs.keys()
-            and env_rewards.keys() <= layout.agent_set
-            and not ledger.held
-            and True not in env_terminateds.values()
-            and True not in env_truncateds.values()
+            and True not in output.terminateds.values()
+            and True not in output.truncateds.values()
+            and ledger.fast_path_ok(env_rewards, layout.agent_set)
         ):
-            zeros, empty = repeat(0.0), repeat(_EMPTY_INFO)
+            empty = repeat(_EMPTY_INFO)
+            env_infos = output.infos
             rows_by_policy = round_.rows
             for policy_id, agent_ids, keys in layout.groups:
                 rows = rows_by_policy.get(policy_id) or round_.rows_for(policy_id)
                 rows.obs.extend(map(env_obs.__getitem__, agent_ids))
-                rows.rewards.extend(map(env_rewards.get, agent_ids, zeros))
+                rows.rewards.extend(ledger.rewards_on_rows(env_rewards, agent_ids))
                 rows.infos.extend(map(env_infos.get, agent_ids, empty))
                 rows.keys.extend(keys)
             return
-        self._collect_per_agent(
-            round_, episode, env_obs, env_rewards, env_terminateds, env_truncateds, env_infos
-        )
+        self._collect_per_agent(round_, episode, output)
 
     def _collect_per_agent(
-        self,
-        round_: Round,
-        episode: MultiAgentEpisode,
-        env_obs: dict,
-        env_rewards: dict,
-        env_terminateds: dict,
-        env_truncateds: dict,
-        env_infos: dict,
+        self, round_: Round, episode: MultiAgentEpisode, output: SubEnvOutput
     ) -> None:
         """The general path: spawning and dying agents, held rewards, episode ends."""
-        all_terminated = bool(env_terminateds.get("__all__", False))
-        all_truncated = bool(env_truncateds.get("__all__", False))
+        all_terminated, all_truncated = output.all_terminated, output.all_truncated
+        env_obs, env_terminateds, env_truncateds = output.obs, output.terminateds, output.truncateds
         slots = episode.slots
-        ledger = episode.rewards
-        for agent_id, reward in env_rewards.items():
-            if agent_id in env_obs:
-                continue
-            slot = slots.get(agent_id)
-            if slot is not None and slot.done:
-                ledger.give_after_done(agent_id, reward)
-            else:
-                ledger.hold(agent_id, reward)
-
-        groups: dict[str, tuple[list, list]] = {}
+        rows: list[_Row] = []
+        born_done = []
         for agent_id, agent_obs in env_obs.items():
             terminated = all_terminated or bool(env_terminateds.get(agent_id, False))
             truncated = all_truncated or bool(env_truncateds.get(agent_id, False))
-            reward = env_rewards.get(agent_id, 0.0)
             slot = slots.get(agent_id)
             if slot is None:
                 if terminated or truncated:
-                    # Seen for the first time and already done: no transition to close.
-                    ledger.forfeit(agent_id)
+                    born_done.append(agent_id)  # no transition to close, ever
                     continue
                 slot = self._new_slot(episode, agent_id)
-                # Its first row closes nothing; what it was given waits for the next row.
-                ledger.hold(agent_id, reward)
-                row_reward, is_first = 0.0, True
+                is_first = True
             elif slot.done:
-                ledger.give_after_done(agent_id, reward)
-                continue
+                continue  # a reward after it is done: the ledger keeps it
             else:
-                row_reward, is_first = ledger.credit(agent_id, reward), False
-            round_.rows_for(slot.policy_id).add(
-                agent_obs, row_reward, env_infos.get(agent_id), slot.key,
-                terminated, truncated, is_first,
-            )
-            if terminated or truncated:
-                slot.done = True
-            else:
-                group = groups.get(slot.policy_id)
-                if group is None:
-                    group = groups[slot.policy_id] = ([], [])
-                group[0].append(agent_id)
-                group[1].append(slot.key)
+                is_first = False
+            rows.append(_Row(slot, agent_obs, output.infos.get(agent_id), terminated, truncated, is_first))
 
         episode_over = all_terminated or all_truncated
         for agent_id, slot in slots.items():
@@ -223,10 +187,27 @@ class RoundCollector:
             own_terminated = bool(env_terminateds.get(agent_id, False))
             own_truncated = bool(env_truncateds.get(agent_id, False))
             if episode_over or own_terminated or own_truncated:
-                self._add_fake_final_obs(
-                    round_, episode, slot,
-                    all_terminated or own_terminated, all_truncated or own_truncated,
-                )
+                rows.append(self._fake_final_row(
+                    episode, slot, all_terminated or own_terminated, all_truncated or own_truncated
+                ))
+
+        rewards = episode.rewards.settle(
+            output.rewards, [(row.slot.agent_id, row.is_first) for row in rows], slots, born_done
+        )
+        groups: dict[str, tuple[list, list]] = {}
+        for row, reward in zip(rows, rewards):
+            slot = row.slot
+            round_.rows_for(slot.policy_id).add(
+                row.obs, reward, row.info, slot.key, row.terminated, row.truncated, row.is_first
+            )
+            if row.terminated or row.truncated:
+                slot.done = True
+            else:
+                group = groups.get(slot.policy_id)
+                if group is None:
+                    group = groups[slot.policy_id] = ([], [])
+                group[0].append(slot.agent_id)
+                group[1].append(slot.key)
 
         if episode_over:
             episode.layout = None
@@ -236,13 +217,21 @@ class RoundCollector:
                 [(pid, tuple(ids), tuple(keys)) for pid, (ids, keys) in groups.items()],
             )
 
-    def _add_fake_final_obs(
-        self, round_: Round, episode: MultiAgentEpisode, slot: AgentSlot,
-        terminated: bool, truncated: bool,
-    ) -> None:
+    def _fake_final_row(
+        self, episode: MultiAgentEpisode, slot: AgentSlot, terminated: bool, truncated: bool
+    ) -> _Row:
         """Closes the last transition of an agent that got no final obs from the env."""
         space = self._original_obs_space(slot.policy_id)
         fake = fake_final_obs(space, self._fake_obs_mode, episode.last_raw_obs.get(slot.agent_id))
-        reward = episode.rewards.credit(slot.agent_id, 0.0)
-        round_.rows_for(slot.policy_id).add(fake, reward, None, slot.key, terminated, truncated, False)
-        slot.done = True
+        return _Row(slot, fake, None, terminated, truncated, False)
+
+
+class _Row(NamedTuple):
+    """One agent's row of the general path, before the ledger says what reward it carries."""
+
+    slot: AgentSlot
+    obs: Any
+    info: Any
+    terminated: bool
+    truncated: bool
+    is_first: bool

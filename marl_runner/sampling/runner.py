@@ -1,45 +1,46 @@
 """EnvRunner: polls the vector env, runs connectors and policies, builds training batches.
 
-``step()`` is the sampling loop's six steps (docs/DESIGN.md), one method each: poll, process observations,
-evaluate policies, process policy outputs, send actions, record perf stats.
-Data moves as per-policy columns: one agent-connector call, ONE forward pass
-and one action-connector call per policy per round, whatever the number of
-agents and sub-envs. ``sample()`` steps until its target is reached.
+``step()`` is the sampling loop (docs/DESIGN.md), one method per step: poll,
+collect, agent connectors, forward, action connectors, store, send, build
+fragments. Data moves as per-policy columns: one agent-connector call, ONE
+forward pass and one action-connector call per policy per round, whatever the
+number of agents and sub-envs. ``sample()`` steps until its target is reached.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from time import perf_counter
-from typing import Any
+from typing import Any, NamedTuple
 
 import gymnasium as gym
 import numpy as np
 
-from connectors.data import ActionRows, AgentRows
+from connectors.data import AgentRows
 from marl_runner.batch import MultiAgentBatch, SampleBatch, concat_samples
 from marl_runner.callbacks import Callbacks, overridden_hooks
 from marl_runner.config import RunnerConfig
 from marl_runner.envs import BaseEnv, make_vector_env
 from marl_runner.envs.errors import EpisodeFault
 from marl_runner.imports import import_object
-from marl_runner.metrics import PHASES, MetricsCollector, PerfStats
+from marl_runner.metrics import MetricsCollector, PerfStats, StepTimer
 from marl_runner.policy import Policy
+from marl_runner.sampling.env_output import PollResult, SubEnvOutput
 from marl_runner.sampling.episode import AgentSlot
 from marl_runner.sampling.fragments import FragmentBuilder
 from marl_runner.sampling.lifecycle import EpisodeLifecycle, SubEnvError
 from marl_runner.sampling.policy_map import PolicyMap
-from marl_runner.sampling.policy_outputs import (
-    apply_off_policy_actions,
-    distribute_actions,
-    scatter,
-    stored_columns,
-)
+from marl_runner.sampling.policy_outputs import Evaluated, run_action_connectors, stored_columns
 from marl_runner.sampling.postprocess import postprocess_trajectories
 from marl_runner.sampling.round import Round, RoundCollector
 from marl_runner.sampling.trajectories import KeyTable
 
-PolicyOutputs = dict[str, tuple[np.ndarray, AgentRows, tuple]]
+
+class RoundActions(NamedTuple):
+    """The action connectors' result: ``env_id -> agent_id -> action`` for every sub-env of
+    the round, and per policy the action-side columns stored over all its rows."""
+
+    by_env: dict[int, dict]
+    columns: dict[str, dict[str, np.ndarray]]
 
 
 class InterruptedStepError(RuntimeError):
@@ -118,6 +119,7 @@ class EnvRunner:
 
     @property
     def env(self) -> BaseEnv:
+        """The vector env the runner samples from."""
         return self._env
 
     def add_policy(
@@ -180,9 +182,11 @@ class EnvRunner:
         return self.policy_map.get_spaces()
 
     def get_weights(self) -> dict[str, Any]:
+        """``policy_id -> weights`` of the built policies."""
         return self.policy_map.get_weights()
 
     def set_weights(self, weights: dict[str, Any]) -> None:
+        """Loads weights per policy id (built policies only); each sets its policy's version."""
         self.policy_map.set_weights(weights)
 
     def get_state(self) -> dict[str, Any]:
@@ -239,7 +243,7 @@ class EnvRunner:
         return samples
 
     def step(self) -> list:
-        """One poll / evaluate / send round; returns built batches and episode metrics.
+        """One round of the loop; returns built batches and episode metrics.
 
         Any exception leaves the runner usable: the sub-envs whose step did not
         finish lose their running episode (recorded as faulty) and are reset,
@@ -251,20 +255,24 @@ class EnvRunner:
         try:
             if self._unsent:
                 self._recover_interrupted_step(outputs)
-            marks = [perf_counter()]
+            timer = StepTimer()
             polled = self._poll()
-            marks.append(perf_counter())
-            rows_by_policy, acting = self._process_observations(polled, outputs)
-            marks.append(perf_counter())
-            policy_outputs = self._evaluate_policies(rows_by_policy)
-            marks.append(perf_counter())
-            actions = self._process_policy_outputs(
-                rows_by_policy, policy_outputs, acting, polled[5], outputs
-            )
-            marks.append(perf_counter())
-            self._send_actions(actions)
-            marks.append(perf_counter())
-            self._record_perf_stats(marks)
+            timer.lap("poll")
+            round_ = self._collect(polled, outputs)
+            timer.lap("collect")
+            rows = self._run_agent_connectors(round_)
+            timer.lap("agent_connectors")
+            evaluated = self._forward(rows)
+            timer.lap("forward")
+            actions = self._run_action_connectors(round_, rows, evaluated, polled.off_policy())
+            timer.lap("action_connectors")
+            self._store(rows, actions.columns)
+            timer.lap("store")
+            self._send(actions.by_env)
+            timer.lap("send")
+            outputs.extend(self._build_fragments())
+            timer.lap("build_fragments")
+            self._perf.record_step(timer.seconds)
         except BaseException:
             self._undelivered = outputs
             raise
@@ -274,32 +282,28 @@ class EnvRunner:
             raise error
         return outputs
 
-    # ---- step 1
+    # ---- poll
 
-    def _poll(self) -> tuple:
-        polled = self._env.poll()
-        self._unsent.update(polled[0])
+    def _poll(self) -> PollResult:
+        polled = PollResult._make(self._env.poll())
+        self._unsent.update(polled.obs)
         return polled
 
-    # ---- step 2
+    # ---- collect
 
-    def _process_observations(
-        self, polled: tuple, outputs: list
-    ) -> tuple[dict[str, AgentRows], list[int]]:
-        """Raw env data of this round, the reset obs of sub-envs reset in it, through the
-        agent connectors: one set of rows per policy; and the sub-envs that get actions."""
-        obs, rewards, terminateds, truncateds, infos, _ = polled
+    def _collect(self, polled: PollResult, outputs: list) -> Round:
+        """The round's rows per policy from the polled sub-envs (and the reset obs of those
+        reset in it); episodes started, stepped, ended and dropped on the way."""
         round_ = Round()
         episodes = self._episodes
         to_reset, self._to_reset = self._to_reset, set()
         stepped, ended = [], []
-        for env_id, env_obs in obs.items():
+        for env_id, env_obs in polled.obs.items():
             if env_id in to_reset:
                 continue  # left over from a step that did not finish; the reset replaces it
-            env_terminateds = terminateds.get(env_id) or {}
-            env_truncateds = truncateds.get(env_id) or {}
+            output = polled.of(env_id)
             if isinstance(env_obs, BaseException):
-                if not env_terminateds.get("__all__"):
+                if not output.all_terminated:
                     raise AssertionError(
                         f"sub-env {env_id} returned an exception but its terminateds['__all__'] "
                         f"is not True: a failed sub-env must end its episode ({env_obs!r})"
@@ -313,11 +317,8 @@ class EnvRunner:
             episode = episodes.episode_for(env_id)
             if episode.length:
                 stepped.append(episode)
-            self._collector.collect(
-                round_, episode, env_obs, rewards.get(env_id) or {}, env_terminateds,
-                env_truncateds, infos.get(env_id) or {},
-            )
-            if env_terminateds.get("__all__") or env_truncateds.get("__all__"):
+            self._collector.collect(round_, episode, output)
+            if output.episode_over:
                 ended.append(episode)
         if stepped:
             self._count_env_steps(stepped)
@@ -327,13 +328,10 @@ class EnvRunner:
         for env_id in sorted(to_reset):
             self._reset_sub_env(round_, env_id, outputs)
         awaiting = episodes.awaiting_reset
-        acting = [env_id for env_id in {**obs, **dict.fromkeys(to_reset)} if env_id not in awaiting]
-        entries = self.policy_map.entries
-        rows_by_policy = {
-            pid: entries[pid].agent_pipeline(rows)
-            for pid, rows in round_.to_agent_rows(self._key_table).items()
-        }
-        return rows_by_policy, acting
+        round_.env_ids = [
+            env_id for env_id in {**polled.obs, **dict.fromkeys(to_reset)} if env_id not in awaiting
+        ]
+        return round_
 
     def _reset_sub_env(self, round_: Round, env_id: int, outputs: list) -> None:
         """Connectors forget the sub-env, which is reset; its reset obs join this round."""
@@ -342,7 +340,7 @@ class EnvRunner:
         reset = self._defer(self._episodes.reset, env_id, outputs)
         if reset is not None:
             episode, reset_obs, reset_infos = reset
-            self._collector.collect(round_, episode, reset_obs, {}, {}, {}, reset_infos)
+            self._collector.collect(round_, episode, SubEnvOutput.of_reset(reset_obs, reset_infos))
         elif env_id not in self._episodes.awaiting_reset:
             self._to_reset.add(env_id)  # its resets kept failing: try again next step
 
@@ -354,11 +352,21 @@ class EnvRunner:
         self._metrics.num_env_steps += len(env_ids)
         self._episodes.stepped(stepped)
 
-    # ---- step 3
+    # ---- agent connectors
 
-    def _evaluate_policies(self, rows_by_policy: dict[str, AgentRows]) -> PolicyOutputs:
-        """ONE forward pass per policy over all its rows that need an action."""
-        outputs = {}
+    def _run_agent_connectors(self, round_: Round) -> dict[str, AgentRows]:
+        """Each policy's rows of the round through its agent pipeline, once."""
+        entries = self.policy_map.entries
+        return {
+            pid: entries[pid].agent_pipeline(rows)
+            for pid, rows in round_.to_agent_rows(self._key_table).items()
+        }
+
+    # ---- forward
+
+    def _forward(self, rows_by_policy: dict[str, AgentRows]) -> dict[str, Evaluated]:
+        """ONE forward pass per policy over all its rows that need an action (not done)."""
+        evaluated = {}
         explore = self.config.explore
         for policy_id, rows in rows_by_policy.items():
             needs_action = ~(rows["terminateds"] | rows["truncateds"])
@@ -369,61 +377,64 @@ class EnvRunner:
             else:
                 continue
             policy = self.policy_map[policy_id]
-            outputs[policy_id] = (
+            evaluated[policy_id] = Evaluated(
                 needs_action,
                 input_rows,
                 policy.compute_actions_from_input_dict(
                     input_rows, explore=explore, timestep=self._num_env_steps_total
                 ),
             )
-        return outputs
+        return evaluated
 
-    # ---- step 4
+    # ---- action connectors
 
-    def _process_policy_outputs(
+    def _run_action_connectors(
         self,
+        round_: Round,
         rows_by_policy: dict[str, AgentRows],
-        policy_outputs: PolicyOutputs,
-        acting: list[int],
-        off_policy_actions: dict,
-        outputs: list,
-    ) -> dict[int, dict]:
-        """Action connectors and env-bound actions per sub-env; the round's rows go to the
-        trajectories (the raw or off-policy actions), and fragments now due are built."""
-        actions_by_env: dict[int, dict] = {env_id: {} for env_id in acting}
-        off_policy = {env_id: logged for env_id, logged in off_policy_actions.items() if logged}
+        evaluated: dict[str, Evaluated],
+        off_policy: dict[int, dict],
+    ) -> RoundActions:
+        """Each policy's action pipeline, once: env actions per sub-env of the round, and
+        the action-side columns to store with each policy's rows."""
+        by_env: dict[int, dict] = {env_id: {} for env_id in round_.env_ids}
+        columns = {}
+        entries = self.policy_map.entries
+        for policy_id, policy_evaluated in evaluated.items():
+            columns[policy_id] = run_action_connectors(
+                entries[policy_id], policy_evaluated, len(rows_by_policy[policy_id]),
+                off_policy, by_env,
+            )
+        return RoundActions(by_env, columns)
+
+    # ---- store
+
+    def _store(self, rows_by_policy: dict[str, AgentRows], action_columns: dict) -> None:
+        """The round's rows with their actions go to the trajectory store (rows of
+        episodes kept out of training do not); agent steps are counted."""
+        untrained = self._episodes.untrained_env_ids
         for policy_id, rows in rows_by_policy.items():
-            entry = self.policy_map.entries[policy_id]
             chunk = stored_columns(rows)
-            evaluated = policy_outputs.get(policy_id)
-            if evaluated is not None:
-                needs_action, input_rows, (actions, state_outs, extra) = evaluated
-                action_rows = ActionRows(
-                    actions=actions, state_outs=state_outs, extra=extra,
-                    keys=input_rows["keys"], env_ids=input_rows["env_ids"],
-                    agent_ids=input_rows["agent_ids"], input_rows=input_rows,
-                )
-                env_actions = entry.action_pipeline(action_rows).actions
-                distribute_actions(actions_by_env, input_rows, env_actions)
-                action_columns = {"actions": actions, **extra}
-                for i, state in enumerate(state_outs):
-                    action_columns[f"state_out_{i}"] = state
-                if off_policy:
-                    apply_off_policy_actions(action_columns, input_rows, off_policy)
-                    action_rows = action_rows.replace(actions=action_columns["actions"])
-                # Stateful connectors (previous action, RNN state) see what is stored.
-                entry.agent_pipeline.on_policy_output(action_rows)
-                chunk.update(scatter(action_columns, needs_action, len(rows)))
+            chunk.update(action_columns.get(policy_id) or {})
             closing = ~rows["is_first"]
             self._metrics.num_agent_steps += int(closing.sum())
-            untrained = self._episodes.untrained_env_ids
             if untrained:
                 trained = ~np.isin(rows["env_ids"], list(untrained))
                 chunk = {name: column[trained] for name, column in chunk.items()}
                 closing &= trained
             self._fragments.add_rows(policy_id, chunk, rows["env_ids"][closing])
-        outputs.extend(self._fragments.build_ready(self._postprocess))
-        return actions_by_env
+
+    # ---- send
+
+    def _send(self, actions: dict[int, dict]) -> None:
+        self._env.send_actions(actions)
+        self._unsent.clear()
+
+    # ---- build fragments
+
+    def _build_fragments(self) -> list[MultiAgentBatch]:
+        """Every fragment now due, post-processed."""
+        return self._fragments.build_ready(self._postprocess)
 
     def _postprocess(self, built: dict[str, tuple[SampleBatch, np.ndarray]]) -> dict[str, SampleBatch]:
         entries = self.policy_map.entries
@@ -435,21 +446,6 @@ class EnvRunner:
                     runner=self, worker=self, policies=self.policy_map, **kwargs
                 )
         return postprocess_trajectories(built, self.policy_map, wanting, self._key_table, hook)
-
-    # ---- step 5
-
-    def _send_actions(self, actions: dict[int, dict]) -> None:
-        self._env.send_actions(actions)
-        self._unsent.clear()
-
-    # ---- step 6
-
-    def _record_perf_stats(self, marks: list[float]) -> None:
-        """Milliseconds per phase: env wait is the poll plus the send."""
-        poll, observations, inference, outputs, send = np.diff(marks).tolist()
-        for phase, seconds in zip(PHASES, (observations, inference, outputs, poll + send)):
-            self._perf.add(phase, seconds)
-        self._perf.end_step()
 
     # ---- faults
 

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from marl_runner.batch import SampleBatch
+from marl_runner.sampling.rewards import add_rewards_after_done
 
 # Columns read from the *closing* row of a transition; all others come from its opening row.
 CLOSING_COLUMNS = ("rewards", "terminateds", "truncateds", "infos")
@@ -41,9 +42,11 @@ class KeyTable:
 
     @property
     def capacity(self) -> int:
+        """How many keys the tables hold now (they double when full)."""
         return len(self.env_id)
 
     def allocate(self, episode: Any, agent_index: int, agent_id: Any) -> int:
+        """A free key for one agent's trajectory in ``episode``."""
         if not self._free:
             self._grow()
         key = self._free.pop()
@@ -94,6 +97,7 @@ class PolicyTrajectories:
         self.chunks: list[dict[str, Any]] = []
 
     def add(self, chunk: dict[str, Any]) -> None:
+        """Stores one round's rows of this policy (one column chunk)."""
         self.chunks.append(chunk)
 
     def extend(self, other: PolicyTrajectories) -> None:
@@ -180,19 +184,14 @@ class PolicyTrajectories:
 def _add_rewards_after_done(
     batch: SampleBatch, transition_keys: np.ndarray, closes_trajectory: np.ndarray, keys: KeyTable
 ) -> None:
-    """Final transitions carry the rewards their agent got after it was done."""
+    """Final transitions carry the rewards their agent got after it was done (the ledger's call)."""
     if not closes_trajectory.any():
         return
-    rewards = None
-    for row in np.flatnonzero(closes_trajectory).tolist():
-        key = int(transition_keys[row])
-        extra = keys.episode[key].rewards.hand_out_final(keys.agent_id[key])
-        if extra:
-            if rewards is None:
-                rewards = batch["rewards"].astype(np.float32, copy=True)
-            rewards[row] += extra
-    if rewards is not None:
-        batch["rewards"] = rewards
+    final_rows = np.flatnonzero(closes_trajectory).tolist()
+    owners = [
+        (keys.episode[key].rewards, keys.agent_id[key]) for key in transition_keys[final_rows].tolist()
+    ]
+    batch["rewards"] = add_rewards_after_done(batch["rewards"], final_rows, owners)
 
 
 def _segments(sorted_keys: np.ndarray) -> np.ndarray:

@@ -1,0 +1,69 @@
+"""What the vector env hands the runner in one round, by name instead of by position."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+_NOTHING: dict = {}
+
+
+class SubEnvOutput(NamedTuple):
+    """One sub-env's output of one round, each field ``agent_id -> value``.
+
+    Reset obs are an output too (no rewards, no flags), so a reset sub-env's
+    first obs join the round through the same door as a stepped one's.
+    """
+
+    obs: dict
+    rewards: dict
+    terminateds: dict
+    truncateds: dict
+    infos: dict
+
+    @classmethod
+    def of_reset(cls, obs: dict, infos: dict) -> SubEnvOutput:
+        """The obs and infos a reset returned."""
+        return cls(obs, _NOTHING, _NOTHING, _NOTHING, infos)
+
+    @property
+    def all_terminated(self) -> bool:
+        """The whole episode terminated (``terminateds['__all__']``)."""
+        return bool(self.terminateds.get("__all__", False))
+
+    @property
+    def all_truncated(self) -> bool:
+        """The whole episode was cut short (``truncateds['__all__']``), e.g. a time limit."""
+        return bool(self.truncateds.get("__all__", False))
+
+    @property
+    def episode_over(self) -> bool:
+        """The episode ended this round (terminated or truncated as a whole)."""
+        return self.all_terminated or self.all_truncated
+
+
+class PollResult(NamedTuple):
+    """``BaseEnv.poll()``'s six dicts, each ``env_id -> agent_id -> value``.
+
+    A failed sub-env's ``obs`` entry is its Exception (see ``BaseEnv``).
+    """
+
+    obs: dict
+    rewards: dict
+    terminateds: dict
+    truncateds: dict
+    infos: dict
+    off_policy_actions: dict
+
+    def of(self, env_id: int) -> SubEnvOutput:
+        """Sub-env ``env_id``'s part (missing dicts read as empty)."""
+        return SubEnvOutput(
+            self.obs[env_id],
+            self.rewards.get(env_id) or _NOTHING,
+            self.terminateds.get(env_id) or _NOTHING,
+            self.truncateds.get(env_id) or _NOTHING,
+            self.infos.get(env_id) or _NOTHING,
+        )
+
+    def off_policy(self) -> dict[int, Any]:
+        """``env_id -> agent_id -> action`` the env chose itself, for the sub-envs that did."""
+        return {env_id: logged for env_id, logged in self.off_policy_actions.items() if logged}
