@@ -133,6 +133,11 @@ class PolicyClient:
         return self._transport.get("health")
 
     @property
+    def episodes_uploaded(self) -> int:
+        """"local" mode: finished episodes the server has accepted so far (0 in "remote" mode)."""
+        return 0 if self._local is None else self._local.episodes_sent
+
+    @property
     def local_runner(self) -> Any:
         """"local" mode: the in-client EnvRunner (None in "remote" mode)."""
         return None if self._local is None else self._local.runner
