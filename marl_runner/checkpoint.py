@@ -73,6 +73,7 @@ __all__ = [
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "CheckpointError",
+    "checkpoint_config",
     "load_checkpoint",
     "restore_checkpoint",
     "save_checkpoint",
@@ -526,12 +527,7 @@ def restore_checkpoint(
             not opted into, or a checkpointed policy the restored runner does
             not have.
     """
-    if isinstance(allow, str):
-        raise TypeError(f"allow: got the string {allow!r}, expected a list of import paths")
-    payload = load_checkpoint(path)
-    runner_config, from_file = _runner_config(payload, path, config, overrides)
-    if not trusted:
-        _refuse_file_imports(payload["policies"], runner_config, from_file, set(allow), path)
+    payload, runner_config = _checked(path, config, trusted, allow, overrides)
     runner = (runner_cls or EnvRunner)(runner_config, **runner_kwargs)
     try:
         _apply_state(runner, payload["policies"], path)
@@ -539,6 +535,40 @@ def restore_checkpoint(
         runner.stop()
         raise
     return runner
+
+
+def checkpoint_config(
+    path: str | os.PathLike[str],
+    *,
+    config: RunnerConfig | Mapping[str, Any] | None = None,
+    trusted: bool = False,
+    allow: Iterable[str] = (),
+    overrides: Iterable[str] | None = None,
+) -> RunnerConfig:
+    """The config ``restore_checkpoint`` with these arguments would build its runner from,
+    after the same checks (nothing is imported or built).
+
+    For callers that need the config first (e.g. to wrap the config's callbacks class):
+    pass the result back as ``restore_checkpoint(path, config=..., allow=...)``.
+    """
+    return _checked(path, config, trusted, allow, overrides)[1]
+
+
+def _checked(
+    path: str | os.PathLike[str],
+    config: RunnerConfig | Mapping[str, Any] | None,
+    trusted: bool,
+    allow: Iterable[str],
+    overrides: Iterable[str] | None,
+) -> tuple[dict[str, Any], RunnerConfig]:
+    """The loaded payload and the config to build from, import paths checked unless trusted."""
+    if isinstance(allow, str):
+        raise TypeError(f"allow: got the string {allow!r}, expected a list of import paths")
+    payload = load_checkpoint(path)
+    runner_config, from_file = _runner_config(payload, path, config, overrides)
+    if not trusted:
+        _refuse_file_imports(payload["policies"], runner_config, from_file, set(allow), path)
+    return payload, runner_config
 
 
 def _runner_config(

@@ -12,6 +12,7 @@ from helpers_runner_connectors import one_torch_thread  # noqa: F401 (a fixture)
 from marl_runner import EnvRunner, RunnerConfig
 from marl_runner.checkpoint import (
     CheckpointError,
+    checkpoint_config,
     load_checkpoint,
     restore_checkpoint,
     save_checkpoint,
@@ -175,3 +176,13 @@ def test_overrides_are_the_callers_and_may_replace_a_refused_path(tmp_path):
     plain = saved(tmp_path, cheap_config(), "plain.ckpt")
     with restore_checkpoint(plain, overrides=[f"policy_mapping_fn={MAPPING}"]) as restored:
         assert restored.config.policy_mapping_fn == MAPPING
+
+
+def test_checkpoint_config_checks_like_restore_and_builds_nothing(tmp_path):
+    path = saved(tmp_path, cheap_config(policy_mapping_fn=MAPPING), "mapped.ckpt")
+    with pytest.raises(CheckpointError, match="config.policy_mapping_fn"):
+        checkpoint_config(path)
+    config = checkpoint_config(path, allow=[MAPPING], overrides=["num_envs=3"])
+    assert config.num_envs == 3 and config.policy_mapping_fn == MAPPING
+    with restore_checkpoint(path, config=config) as restored:  # handed back as the caller's
+        assert restored.config.num_envs == 3
