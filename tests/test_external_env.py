@@ -327,6 +327,29 @@ def test_stop_unblocks_every_waiting_client():
         env.start_episode()
 
 
+def test_stop_episodes_refuses_new_calls_and_the_runner_drains_what_was_queued():
+    runner = EnvRunner(external_config({"name": PLAIN}, num_envs=2, external_episode_timeout_s=None))
+    env = runner.env.get_sub_environments()[0]
+    obs = {"a0": np.zeros(3, np.float32), "a1": np.zeros(3, np.float32)}
+    ended, abandoned = env.start_episode(), env.start_episode()
+    for _ in range(3):  # off-policy steps queue without waiting for the runner
+        env.log_action(ended, obs, {"a0": 1, "a1": 2})
+    env.end_episode(ended, obs)
+    env.log_action(abandoned, obs, {"a0": 0, "a1": 0})
+    runner.env.stop_episodes("the server is stopping")
+    with pytest.raises(ExternalEnvStopped, match="the server is stopping"):
+        env.log_action(abandoned, obs, {"a0": 0, "a1": 0})
+    batches = []
+    for _ in range(20):  # each poll takes one queued step per slot: a few rounds at most
+        if runner.env.drained:
+            break
+        batches += [o for o in runner.step() if isinstance(o, MultiAgentBatch)]
+    assert runner.env.drained
+    assert len(batches) == 1 and batches[0].env_steps() == 3
+    check_batch_invariants(batches[0])
+    runner.stop()
+
+
 def test_failing_run_is_reported_by_the_runner():
     with EnvRunner(external_config({"name": "tests.test_external_env:FailingRunEnv"})) as runner:
         with pytest.raises(EnvError, match="FailingRunEnv.run\\(\\) raised RuntimeError: simulator"):

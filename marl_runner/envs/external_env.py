@@ -106,11 +106,13 @@ class ExternalMultiAgentEnv(MultiAgentEnv):
         return self._board
 
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
+        """Refused: the simulator starts its own episodes (`start_episode`)."""
         raise EnvError(
             f"{type(self).__name__} drives its own episodes; use it with `vectorize: external`"
         )
 
     def step(self, actions: MultiAgentDict) -> Any:
+        """Refused: the simulator steps itself and asks for actions (`get_action`)."""
         raise EnvError(
             f"{type(self).__name__} drives its own episodes; use it with `vectorize: external`"
         )
