@@ -112,6 +112,7 @@ class _Hostile:
         self.examples: dict[str, str] = {}  # the first answer of each kind and status
 
     def run(self, stop: threading.Event) -> None:
+        """Until `stop`: an episode to attack (abandoned now and then), then bad requests."""
         episode = None
         while not stop.is_set():
             if episode is None:
@@ -251,6 +252,7 @@ def run_soak_serve(
         progress(f"serving on {address}; server {start}")
 
         def spawn(name: str, mode: str, kill: bool) -> Any:
+            """A client process logging its finished episodes to `logs/<name>.log`."""
             process = context.Process(
                 target=_client_process, name=name, daemon=True,
                 args=(address, mode, str(logs / f"{name}.log"), seed + next(seeds), stop, kill),

@@ -140,12 +140,15 @@ class ExternalVectorEnv(BaseEnv):
 
     @property
     def possible_agents(self) -> list[AgentID]:
+        """The user env's agents: every slot serves the same ones."""
         return list(self.env.possible_agents)
 
     def get_observation_space(self, agent: AgentID) -> gym.Space:
+        """As the user env declares it (what the server checks requests against)."""
         return self.env.get_observation_space(agent)
 
     def get_action_space(self, agent: AgentID) -> gym.Space:
+        """As the user env declares it."""
         return self.env.get_action_space(agent)
 
     def _start_run_thread(self) -> None:

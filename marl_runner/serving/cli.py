@@ -361,6 +361,7 @@ class _ServeLines(ProgressReporter):
             self._print(self._counts)
 
     def update(self, counts: SampleCounts) -> None:
+        """Prints a line when `interval_s` has passed since the last one; keeps the counts."""
         self._counts = counts
         if time.perf_counter() - self._last >= self.interval_s:
             self._print(counts)
