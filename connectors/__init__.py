@@ -5,26 +5,9 @@ connectors turn policy output into env actions. Pipelines chain them, check
 that their spaces fit when built, and time each step.
 """
 
-from connectors.action import (
-    ClipActionsConnector,
-    ConvertToNumpyConnector,
-    ImmutableActionsConnector,
-    LambdaActionConnector,
-    NormalizeActionsConnector,
-)
-from connectors.agent import (
-    ClipRewardAgentConnector,
-    FlattenDataAgentConnector,
-    GrayscaleAgentConnector,
-    LambdaAgentConnector,
-    MeanStdObservationFilterAgentConnector,
-    ObsPreprocessorConnector,
-    ResizeAgentConnector,
-    RunningStats,
-    StateBufferConnector,
-    ViewRequirementAgentConnector,
-    is_image_space,
-)
+from connectors import action, agent
+from connectors.action import *  # noqa: F403  (the built-ins: listed once, in each package's __all__)
+from connectors.agent import *  # noqa: F403
 from connectors.base import ActionConnector, AgentConnector, Connector, ConnectorContext
 from connectors.data import (
     META_COLUMNS,
@@ -43,6 +26,7 @@ from connectors.pipeline import (
     build_pipeline,
 )
 from connectors.registry import (
+    BUILTIN_CONNECTORS,
     build_connectors,
     default_action_connectors,
     default_agent_connectors,
@@ -54,6 +38,7 @@ from connectors.registry import (
 )
 
 __all__ = [
+    "BUILTIN_CONNECTORS",
     "META_COLUMNS",
     "ActionConnector",
     "ActionConnectorDataType",
@@ -64,34 +49,20 @@ __all__ = [
     "AgentConnectorPipeline",
     "AgentConnectorsOutput",
     "AgentRows",
-    "ClipActionsConnector",
-    "ClipRewardAgentConnector",
     "Connector",
     "ConnectorContext",
     "ConnectorError",
     "ConnectorPipeline",
     "ConnectorTiming",
-    "ConvertToNumpyConnector",
-    "FlattenDataAgentConnector",
-    "GrayscaleAgentConnector",
-    "ImmutableActionsConnector",
-    "LambdaActionConnector",
-    "LambdaAgentConnector",
-    "MeanStdObservationFilterAgentConnector",
-    "NormalizeActionsConnector",
-    "ObsPreprocessorConnector",
-    "ResizeAgentConnector",
-    "RunningStats",
-    "StateBufferConnector",
-    "ViewRequirementAgentConnector",
     "build_connectors",
     "build_pipeline",
     "default_action_connectors",
     "default_agent_connectors",
     "get_connector",
-    "is_image_space",
     "register_connector",
     "register_lambda_action_connector",
     "register_lambda_agent_connector",
     "registered_names",
 ]
+__all__ += agent.__all__
+__all__ += action.__all__

@@ -1,6 +1,7 @@
 """Connector names -> classes, and connectors from config spec lists.
 
-Every built-in is registered under its class name. A spec list (as written
+Every built-in (``BUILTIN_CONNECTORS``: what ``connectors.agent`` and
+``connectors.action`` export) is registered under its class name. A spec list (as written
 in YAML) holds names or ``{name: ..., <param>: ...}`` mappings; a name may
 also be a ``"package.module:Class"`` import path of a user connector.
 Pipelines are built from these lists in ``connectors.pipeline``, which
@@ -12,21 +13,17 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
+import connectors.action as builtin_action
+import connectors.agent as builtin_agent
 from connectors.action import (
     ClipActionsConnector,
     ConvertToNumpyConnector,
-    ImmutableActionsConnector,
     LambdaActionConnector,
     NormalizeActionsConnector,
 )
 from connectors.agent import (
-    ClipRewardAgentConnector,
-    FlattenDataAgentConnector,
-    GrayscaleAgentConnector,
     LambdaAgentConnector,
-    MeanStdObservationFilterAgentConnector,
     ObsPreprocessorConnector,
-    ResizeAgentConnector,
     StateBufferConnector,
     ViewRequirementAgentConnector,
 )
@@ -319,20 +316,14 @@ def _register_function(name: str, base: type, fn: Callable[[Any], Any]) -> type:
     return Registered
 
 
-for _builtin in (
-    ObsPreprocessorConnector,
-    FlattenDataAgentConnector,
-    ClipRewardAgentConnector,
-    MeanStdObservationFilterAgentConnector,
-    StateBufferConnector,
-    ViewRequirementAgentConnector,
-    GrayscaleAgentConnector,
-    ResizeAgentConnector,
-    LambdaAgentConnector,
-    ConvertToNumpyConnector,
-    NormalizeActionsConnector,
-    ClipActionsConnector,
-    ImmutableActionsConnector,
-    LambdaActionConnector,
-):
+#: Every built-in connector: the Connector classes the built-in packages export
+#: (``connectors.agent`` and ``connectors.action``, also exported by ``connectors``).
+BUILTIN_CONNECTORS: tuple[type[Connector], ...] = tuple(
+    obj
+    for package in (builtin_agent, builtin_action)
+    for obj in (getattr(package, name) for name in package.__all__)
+    if isinstance(obj, type) and issubclass(obj, Connector)
+)
+
+for _builtin in BUILTIN_CONNECTORS:
     register_connector(_builtin.__name__, _builtin)

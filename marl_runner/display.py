@@ -1,163 +1,46 @@
-"""What the CLI shows: live sampling progress and the final metrics table.
+"""What the CLI shows besides progress: the metrics table, the agents table, the run summary.
 
-In a terminal, progress is a rich live bar. Anywhere else (CI logs, files,
-pipes) a bar would either print nothing until the end or flood the log with
-redraws, so a plain line is printed every few seconds instead.
+Progress itself (the live bar or plain lines, and ``SampleCounts``) is in
+``marl_runner.progress``; its names are re-exported here for the commands
+that import them from this module.
 """
 
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Mapping
-from dataclasses import dataclass
-from types import TracebackType
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeRemainingColumn,
-)
 from rich.table import Table
 from rich.text import Text
 
-__all__ = ["ProgressReporter", "SampleCounts", "make_progress", "metrics_table", "spaces_table"]
+from marl_runner.progress import ProgressReporter, SampleCounts, make_progress
 
-UNIT_LABELS = {"env_steps": "env steps", "agent_steps": "agent steps", "episodes": "episodes"}
+__all__ = [
+    "ProgressReporter",
+    "SampleCounts",
+    "make_progress",
+    "metrics_table",
+    "print_run_summary",
+    "spaces_table",
+]
 
-
-@dataclass
-class SampleCounts:
-    """What the sampling loop has produced so far, as counted from ``runner.step()`` outputs."""
-
-    env_steps: int = 0
-    agent_steps: int = 0
-    episodes: int = 0
-    faulty_episodes: int = 0
-    batches: int = 0
-
-
-class ProgressReporter:
-    """Shows progress towards ``target`` of ``unit`` (a ``SampleCounts`` field); a context manager."""
-
-    def __init__(self, target: int, unit: str, console: Console) -> None:
-        if unit not in UNIT_LABELS:
-            raise ValueError(f"unknown progress unit {unit!r}; expected one of {list(UNIT_LABELS)}")
-        self.target = target
-        self.unit = unit
-        self.console = console
-        self.started = time.perf_counter()
-
-    def __enter__(self) -> ProgressReporter:
-        self.started = time.perf_counter()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        return None
-
-    def update(self, counts: SampleCounts) -> None:
-        raise NotImplementedError
-
-    def env_steps_per_s(self, counts: SampleCounts) -> float:
-        return counts.env_steps / max(time.perf_counter() - self.started, 1e-9)
+#: Says where the table's step counts and rates come from (see marl_runner.progress).
+THROUGHPUT_NOTE = (
+    "steps: those in the batches handed out; steps/s: over the {elapsed:.1f} s of sampling "
+    "(runner build excluded), as in the progress line"
+)
 
 
-class _LiveBar(ProgressReporter):
-    """A rich progress bar redrawn in place."""
+def metrics_table(metrics: Mapping[str, Any], counts: SampleCounts | None = None) -> Table:
+    """The ``get_metrics()`` summary as a two-column table.
 
-    def __enter__(self) -> _LiveBar:
-        super().__enter__()
-        # Kept under 80 columns: rich truncates every column of a line that is too wide.
-        self._progress = Progress(
-            BarColumn(bar_width=16),
-            MofNCompleteColumn(),
-            TextColumn(UNIT_LABELS[self.unit]),
-            TextColumn("• {task.fields[episodes]} • {task.fields[rate]:,.0f} env steps/s •"),
-            TimeRemainingColumn(compact=True, elapsed_when_finished=True),
-            console=self.console,
-        )
-        self._progress.__enter__()
-        self._task = self._progress.add_task(
-            "sampling", total=self.target, episodes=_episodes(SampleCounts()), rate=0.0
-        )
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._progress.__exit__(exc_type, exc, tb)
-
-    def update(self, counts: SampleCounts) -> None:
-        self._progress.update(
-            self._task,
-            completed=min(getattr(counts, self.unit), self.target),
-            episodes=_episodes(counts),
-            rate=self.env_steps_per_s(counts),
-        )
-
-
-class _PlainLines(ProgressReporter):
-    """One line every ``interval_s`` seconds, and a last one when done."""
-
-    def __init__(self, target: int, unit: str, console: Console, interval_s: float) -> None:
-        super().__init__(target, unit, console)
-        self.interval_s = interval_s
-        self._last_print = -math.inf
-        self._counts: SampleCounts | None = None
-        self._printed: SampleCounts | None = None
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if self._counts is not None and self._counts != self._printed:
-            self._print(self._counts)
-
-    def update(self, counts: SampleCounts) -> None:
-        self._counts = counts
-        if time.perf_counter() - self._last_print >= self.interval_s:
-            self._print(counts)
-
-    def _print(self, counts: SampleCounts) -> None:
-        done = getattr(counts, self.unit)
-        elapsed = time.perf_counter() - self.started
-        line = (
-            f"sampling: {done}/{self.target} {UNIT_LABELS[self.unit]} "
-            f"({100.0 * min(done, self.target) / self.target:.0f}%), "
-            f"{_episodes(counts)}, {self.env_steps_per_s(counts):,.0f} env steps/s, "
-            f"{elapsed:.1f}s elapsed"
-        )
-        self.console.file.write(line + "\n")
-        self.console.file.flush()
-        self._last_print = time.perf_counter()
-        self._printed = SampleCounts(**vars(counts))  # the caller keeps mutating `counts`
-
-
-def make_progress(
-    target: int, unit: str, console: Console, *, interval_s: float = 10.0
-) -> ProgressReporter:
-    """A live bar when ``console`` is a terminal, else plain lines every ``interval_s`` seconds."""
-    if console.is_terminal:
-        return _LiveBar(target, unit, console)
-    return _PlainLines(target, unit, console, interval_s)
-
-
-def metrics_table(metrics: Mapping[str, Any]) -> Table:
-    """The ``runner.get_metrics()`` summary as a two-column table."""
+    With ``counts`` (what the progress display counted), the step counts and
+    rates are those of the batches over the sampling time, the same numbers
+    as the progress line; without, the metrics' own.
+    """
     table = Table(title="sampling metrics", show_header=True, header_style="bold")
     table.add_column("metric")
     table.add_column("value", justify="right")
@@ -176,10 +59,17 @@ def metrics_table(metrics: Mapping[str, Any]) -> Table:
     for name, value in sorted((metrics.get("custom_metrics") or {}).items()):
         table.add_row(Text(f"custom_metrics[{name}]"), _format_float(value))
     table.add_section()
-    table.add_row("env steps", _format_int(metrics.get("num_env_steps")))
-    table.add_row("agent steps", _format_int(metrics.get("num_agent_steps")))
-    table.add_row("env steps/s", _format_rate(metrics.get("env_steps_per_s")))
-    table.add_row("agent steps/s", _format_rate(metrics.get("agent_steps_per_s")))
+    if counts is None:
+        steps = (metrics.get("num_env_steps"), metrics.get("num_agent_steps"))
+        rates = (metrics.get("env_steps_per_s"), metrics.get("agent_steps_per_s"))
+    else:
+        steps = (counts.env_steps, counts.agent_steps)
+        rates = (counts.env_steps_per_s(), counts.agent_steps_per_s())
+        table.caption = THROUGHPUT_NOTE.format(elapsed=counts.elapsed_s)
+    table.add_row("env steps", _format_int(steps[0]))
+    table.add_row("agent steps", _format_int(steps[1]))
+    table.add_row("env steps/s", _format_rate(rates[0]))
+    table.add_row("agent steps/s", _format_rate(rates[1]))
     perf = metrics.get("perf") or {}
     if perf:
         table.add_section()
@@ -193,6 +83,33 @@ def metrics_table(metrics: Mapping[str, Any]) -> Table:
     return table
 
 
+def print_run_summary(
+    console: Console,
+    metrics: Mapping[str, Any],
+    counts: SampleCounts,
+    *,
+    out_dir: Path | None = None,
+    metrics_log: Any = None,
+    notes: Sequence[str] = (),
+    interrupted: bool = False,
+) -> None:
+    """The end of a run, the same for every command: the metrics table, ``notes``, what was
+    written to ``out_dir`` and to the metrics log, and whether it was interrupted."""
+    console.print(metrics_table(metrics, counts))
+    lines = list(notes)
+    if out_dir is not None:
+        episodes = "" if counts.episodes is None else f"{counts.episodes} episodes, "
+        lines.append(
+            f"wrote {counts.batches} batches ({episodes}{counts.env_steps} env steps) to {out_dir}"
+        )
+    if metrics_log is not None:
+        lines.append(f"wrote {metrics_log.num_records} metrics records to {metrics_log.path}")
+    if interrupted:
+        lines.append("interrupted: the metrics cover what was sampled so far")
+    for line in lines:
+        console.print(line, highlight=False, soft_wrap=True, markup=False)
+
+
 def spaces_table(rows: list[tuple[str, str, str, str]]) -> Table:
     """``(agent, policy, observation space, action space)`` rows, for ``marl-runner validate``."""
     table = Table(title="agents -> policies", show_header=True, header_style="bold")
@@ -201,12 +118,6 @@ def spaces_table(rows: list[tuple[str, str, str, str]]) -> Table:
     for row in rows:
         table.add_row(*(Text(cell) for cell in row))  # ids and space reprs are not markup
     return table
-
-
-def _episodes(counts: SampleCounts) -> str:
-    """Episode count; faulty ones are shown so that an env failing every episode is noticed."""
-    text = f"{counts.episodes} episodes"
-    return f"{text} ({counts.faulty_episodes} faulty)" if counts.faulty_episodes else text
 
 
 def _format_int(value: Any) -> str:

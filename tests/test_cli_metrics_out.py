@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-import marl_runner.cli as cli
+import marl_runner.cli.sample as cli_sample
 from marl_runner import Callbacks
 from marl_runner.cli import main
 from marl_runner.client import PolicyClient
@@ -227,7 +227,7 @@ def test_an_unusable_path_is_a_one_line_error_before_sampling(
     def no_sampling(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("sampling started")
 
-    monkeypatch.setattr(cli, "_sample_until", no_sampling)
+    monkeypatch.setattr(cli_sample, "_sample_until", no_sampling)
     code = main(["sample", str(TICTACTOE), "--metrics-out", str(path)])
     err = capsys.readouterr().err.strip()
     assert code == 2

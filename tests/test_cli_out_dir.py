@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-import marl_runner.cli as cli
+import marl_runner.cli.sample as cli_sample
 from marl_runner.cli import main
 from marl_runner.io import list_batch_files
 from tests.runner_helpers import config
@@ -25,7 +25,7 @@ def run_sample(config_path: Path, out: Path, capsys, monkeypatch) -> tuple[int, 
     def no_sampling(*args, **kwargs):
         raise AssertionError("sampling started")
 
-    monkeypatch.setattr(cli, "_sample_until", no_sampling)
+    monkeypatch.setattr(cli_sample, "_sample_until", no_sampling)
     code = main(["sample", str(config_path), "--out", str(out)])
     return code, capsys.readouterr().err
 

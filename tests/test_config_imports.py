@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from marl_runner.imports import ImportPathError, import_object, split_import_path
+from connectors.imports import ImportPathError, import_object, split_import_path
 
 
 def test_colon_and_dotted_forms() -> None:
     assert import_object("os.path:join") is os.path.join
     assert import_object("os.path.join") is os.path.join
-    assert import_object("marl_runner.imports:import_object") is import_object
+    assert import_object("connectors.imports:import_object") is import_object
 
 
 def test_nested_attribute_after_colon() -> None:

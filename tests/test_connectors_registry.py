@@ -259,3 +259,14 @@ def test_from_state_forms_load_from_yaml_and_sample(cls_name, tmp_path):
         batch = runner.sample()
     rewards = batch.policy_batches["shared"]["rewards"]
     assert set(np.unique(rewards)) <= {-10.0, 0.0, 10.0}
+
+
+def test_one_list_of_builtins_registered_and_exported():
+    """The built-ins are listed once (the built-in packages' exports); all are registered."""
+    from connectors.registry import BUILTIN_CONNECTORS
+
+    names = {cls.__name__ for cls in BUILTIN_CONNECTORS}
+    assert names == set(BUILTINS) | {"GrayscaleAgentConnector", "ResizeAgentConnector"}
+    for cls in BUILTIN_CONNECTORS:
+        assert getattr(connectors, cls.__name__) is cls and cls.__name__ in connectors.__all__
+        assert cls.registry_name() == cls.__name__

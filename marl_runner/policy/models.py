@@ -18,11 +18,35 @@ from typing import Any
 import torch
 from torch import nn
 
-from marl_runner.config import MODEL_KEYS
-from marl_runner.imports import import_object
+from connectors.imports import import_object
 
-__all__ = ["CNNModel", "LSTMModel", "MLPModel", "build_model", "is_recurrent_model"]
+__all__ = ["MODEL_KEYS", "CNNModel", "LSTMModel", "MLPModel", "build_model", "is_recurrent_model"]
 
+#: Keys of the built-in model types (``model: {type: ...}``), with their reference text.
+MODEL_KEYS = {
+    "mlp": {
+        "type": "mlp: separate policy and value MLPs over the flat observation.",
+        "hidden": "Layer sizes. Default: [64, 64].",
+        "activation": "tanh or relu. Default: tanh.",
+        "vf_share_layers": "One trunk for policy and value. Default: false.",
+    },
+    "lstm": {
+        "type": "lstm: an MLP encoder, one LSTM step per row, policy and value heads.",
+        "hidden": "Encoder layer sizes. Default: [64].",
+        "activation": "tanh or relu. Default: tanh.",
+        "lstm_cell_size": "LSTM state size. Default: 64.",
+    },
+    "cnn": {
+        "type": "cnn: convolutions over image observations (height, width, channels), "
+        "channels last; uint8 pixels are scaled to [0, 1] inside the model.",
+        "conv": "Conv layers as [out_channels, kernel, stride], no padding. "
+        "Default: [[32, 8, 4], [64, 4, 2], [64, 3, 1]] (Nature CNN, for 84x84).",
+        "hidden": "Dense layer sizes after the convolutions. Default: [512].",
+        "activation": "tanh or relu. Default: relu.",
+        "vf_share_layers": "One conv and dense trunk for policy and value (half the compute; "
+        "with large unclipped rewards the value loss can swamp the policy). Default: false.",
+    },
+}
 _ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
 _CHOICES = "'mlp', 'lstm', 'cnn' or {class: 'pkg.mod:Cls', ...}"
 #: Nature CNN (Mnih et al. 2015): [out_channels, kernel, stride] per layer, for 84x84 input.

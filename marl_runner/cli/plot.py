@@ -5,6 +5,10 @@ a `progress.csv` (`examples/train_ppo.py`), or a directory holding
 `metrics.jsonl` and/or `progress.csv`. Nested values of a metrics record
 (`policy_reward_mean`, `custom_metrics`, `perf`) are columns named
 `key/sub_key`; naming the key alone draws all of them.
+
+A run without training (a `sample` log: its policies keep their initial
+weights) is drawn with a note saying so, since its reward curve is the
+spread of a fixed policy's returns, not learning.
 """
 
 from __future__ import annotations
@@ -19,6 +23,10 @@ from marl_runner.metrics_log import plot_learning_curve, read_metrics_log, read_
 
 #: What a directory is searched for, in this order (the first one found is drawn).
 RUN_FILES = ("metrics.jsonl", "progress.csv")
+
+
+#: Columns (or their last `/` part, e.g. `archer/policy_loss`) that only a training run records.
+TRAINING_COLUMNS = ("policy_loss", "value_loss", "entropy", "approx_kl", "lr", "train_s")
 
 
 def add_plot_parser(commands: Any) -> None:
@@ -75,16 +83,31 @@ def run_plot(args: argparse.Namespace) -> int:
         raise CommandError(f"--x {args.x}: no such column in {source}; {_available(columns)}")
     y_columns = resolve_columns(args.y, columns, source)
     out = args.out if args.out is not None else source.with_suffix(".png")
+    trained = has_training(columns)
+    title = args.title
+    if title is None and not trained:
+        title = f"{', '.join(y_columns)} over {args.x} (no training: sampling only)"
     try:
-        plot_learning_curve(rows, out, x=args.x, y=y_columns, title=args.title)
+        plot_learning_curve(rows, out, x=args.x, y=y_columns, title=title)
     except ImportError as exc:
         raise CommandError(str(exc), EXIT_FAILURE) from exc
     except ValueError as exc:
         raise CommandError(f"{source}: {exc}") from exc
     except OSError as exc:
         raise CommandError(f"--out {out}: cannot write there: {exc}") from exc
+    if not trained:
+        print(
+            f"note: {source} records no training (none of the columns "
+            f"{', '.join(TRAINING_COLUMNS)}): a sampling run's policies keep their weights, so "
+            "the curve shows how a fixed policy's results vary, not learning"
+        )
     print(f"wrote {out} ({', '.join(y_columns)} over {args.x}, {len(rows)} rows of {source})")
     return EXIT_OK
+
+
+def has_training(columns: Sequence[str]) -> bool:
+    """Whether the run's columns include any a training run writes (losses, learning rate)."""
+    return any(column.rpartition("/")[2] in TRAINING_COLUMNS for column in columns)
 
 
 def find_run_file(run: Path) -> Path:

@@ -1,0 +1,93 @@
+"""``main`` and the parser: each command adds its own subparser and runs itself."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from marl_runner.cli.bench import add_bench_parser, run_bench
+from marl_runner.cli.config_doc import add_config_doc_parser, run_config_doc
+from marl_runner.cli.plot import add_plot_parser, run_plot
+from marl_runner.cli.sample import add_sample_parser, run_sample
+from marl_runner.cli.validate import add_validate_parser, run_validate
+from marl_runner.cli_common import CommandError
+from marl_runner.serving.cli import add_serve_parser, run_serve
+
+__all__ = ["build_parser", "main"]
+
+#: What each command runs; ``bench`` takes its raw arguments instead (see ``main``).
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "sample": run_sample,
+    "validate": run_validate,
+    "serve": run_serve,
+    "plot": run_plot,
+    "config-doc": run_config_doc,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the CLI and returns its exit code (the console script exits with it)."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    _import_from_cwd()
+    if args.command == "bench":
+        return run_bench(extra)
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    try:
+        return COMMANDS[args.command](args)
+    except CommandError as exc:
+        if args.traceback:
+            traceback.print_exc()
+        print(f"marl-runner {args.command}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``marl-runner`` parser with every command's subparser."""
+    parser = argparse.ArgumentParser(
+        prog="marl-runner",
+        description="Sample multi-agent RL episodes from PettingZoo envs into per-policy batches.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    common = config_arguments()
+    add_sample_parser(commands, common)
+    add_validate_parser(commands, common)
+    add_serve_parser(commands, common)
+    add_plot_parser(commands)
+    add_bench_parser(commands)
+    add_config_doc_parser(commands)
+    return parser
+
+
+def config_arguments() -> argparse.ArgumentParser:
+    """The parent parser of the commands that run a config: CONFIG, --set, --traceback."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("config", type=Path, help="YAML run config (see examples/configs/)")
+    common.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config entry; dotted keys reach nested entries and the value is "
+        "parsed as YAML, e.g. --set num_envs=8 --set policies.archer.model.hidden=[32,32] "
+        "(repeatable)",
+    )
+    common.add_argument(
+        "--traceback",
+        action="store_true",
+        help="on error, also print the full Python traceback (default: a one-line message)",
+    )
+    return common
+
+
+def _import_from_cwd() -> None:
+    """Like ``python -m``: import paths such as "examples.mappings:by_prefix" resolve
+    against the directory the command runs in (a console script does not add it)."""
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())

@@ -1,0 +1,216 @@
+"""``marl-runner sample``: sample with live progress, write the batches, print the metrics."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from marl_runner.cli_common import (
+    EXIT_FAILURE,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    CheckedMapping,
+    CommandError,
+    add_metrics_out_arguments,
+    build_error,
+    check_imports,
+    describe,
+    load_config,
+    non_negative_int,
+    open_metrics_log,
+    positive_int,
+    prepare_out_dir,
+)
+from marl_runner.config import RunnerConfig
+from marl_runner.display import print_run_summary
+from marl_runner.io import write_batch
+from marl_runner.metrics_log import MetricsLogWriter, RunMetrics
+from marl_runner.progress import ProgressReporter, SampleCounts, count_batches, make_progress
+
+__all__ = ["add_sample_parser", "run_sample"]
+
+
+def add_sample_parser(commands: Any, common: argparse.ArgumentParser) -> None:
+    """Registers ``sample`` (``common``: config, --set, --traceback)."""
+    sample = commands.add_parser(
+        "sample",
+        parents=[common],
+        help="sample with a live progress bar and print metrics at the end",
+        description="Sample episodes with the config's runner, showing progress; print a "
+        "metrics table at the end and optionally write every batch to --out.",
+    )
+    target = sample.add_mutually_exclusive_group()
+    target.add_argument(
+        "--steps",
+        type=positive_int,
+        metavar="N",
+        help="stop after at least N steps in the produced batches (env steps unless "
+        "--count-steps-by agent_steps); default: one rollout fragment per sub-env, "
+        "i.e. num_envs * rollout_fragment_length steps counted as the config's count_steps_by",
+    )
+    target.add_argument(
+        "--episodes",
+        type=positive_int,
+        metavar="N",
+        help="stop after N episodes have finished (faulty ones not counted); in "
+        "truncate_episodes mode the tail of an episode not yet in a full fragment is not written",
+    )
+    sample.add_argument(
+        "--count-steps-by",
+        choices=("env_steps", "agent_steps"),
+        default="env_steps",
+        help="what --steps counts (default: env_steps)",
+    )
+    sample.add_argument(
+        "--out",
+        type=Path,
+        metavar="DIR",
+        help="write each batch as DIR/batch_NNNNNN.npz as soon as it is produced (atomically, "
+        "readable with marl_runner.io.read_batches) plus the resolved config as DIR/config.yaml; "
+        "DIR must not already hold batch files",
+    )
+    sample.add_argument(
+        "--runners",
+        type=non_negative_int,
+        metavar="N",
+        help="sample with N runners in Ray actors (an EnvRunnerGroup), in parallel; 0: one "
+        "runner in this process; default: the config's num_runners (0)",
+    )
+    sample.add_argument(
+        "--address",
+        metavar="ADDR",
+        help="with --runners: the Ray cluster to join (e.g. 'auto' or HEAD_IP:6379, see "
+        "`ray start --head`); default: the config's ray_address, else the cluster running on "
+        "this machine, else a local Ray started for this command and ended after it",
+    )
+    sample.add_argument(
+        "--progress-interval",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="seconds between progress lines when stdout is not a terminal (default: 10)",
+    )
+    add_metrics_out_arguments(sample)
+
+
+def run_sample(args: argparse.Namespace) -> int:
+    """Loads and checks the config, prepares --out and --metrics-out, then samples."""
+    config = load_config(args.config, args.overrides)
+    check_imports(config)
+    if args.episodes is not None:
+        unit, target = "episodes", args.episodes
+    elif args.steps is not None:
+        unit, target = args.count_steps_by, args.steps
+    else:
+        unit, target = config.count_steps_by, config.num_envs * config.rollout_fragment_length
+    num_runners = config.num_runners if args.runners is None else args.runners
+    if args.out is not None:
+        prepare_out_dir(args.out, config)
+    metrics_log = None
+    if args.metrics_out is not None:
+        metrics_log = open_metrics_log(args.metrics_out, args.metrics_interval)
+    with metrics_log or contextlib.nullcontext():
+        return _sample(args, config, unit, target, num_runners, metrics_log)
+
+
+def _sample(
+    args: argparse.Namespace,
+    config: RunnerConfig,
+    unit: str,
+    target: int,
+    num_runners: int,
+    metrics_log: MetricsLogWriter | None,
+) -> int:
+    try:
+        from marl_runner.distributed import EnvRunnerGroup, ray_session  # imports torch
+    except ImportError as exc:
+        raise CommandError(f"the sampler cannot be loaded: {exc}", EXIT_FAILURE) from exc
+
+    console = Console()
+    counts = SampleCounts()
+    try:
+        with contextlib.ExitStack() as stack:
+            group_options: dict[str, Any] = {"policy_mapping_fn": CheckedMapping(config)}
+            if num_runners:
+                _require_ray()
+                # A local Ray is started for the user when no cluster is given; ended after.
+                stack.enter_context(ray_session(args.address or config.ray_address))
+                group_options["num_cpus_per_runner"] = _cpus_per_runner(num_runners)
+            try:
+                group = EnvRunnerGroup(config, num_runners, **group_options)
+            except Exception as exc:
+                raise build_error(exc, config) from exc
+            stack.enter_context(group)
+            run_metrics = RunMetrics(group.get_metrics, metrics_log)
+            progress = make_progress(target, unit, console, interval_s=args.progress_interval)
+            try:
+                with progress:
+                    interrupted = _sample_until(
+                        group, counts, unit, target, progress, args.out, run_metrics
+                    )
+            finally:
+                # Before the group stops: on an error too, the log gets its last record.
+                metrics = run_metrics.finish()
+    except CommandError:
+        raise
+    except Exception as exc:
+        raise CommandError(describe(exc), EXIT_FAILURE) from exc
+
+    print_run_summary(
+        console, metrics, counts, out_dir=args.out, metrics_log=metrics_log, interrupted=interrupted
+    )
+    return EXIT_INTERRUPTED if interrupted else EXIT_OK
+
+
+def _sample_until(
+    group: Any,
+    counts: SampleCounts,
+    unit: str,
+    target: int,
+    progress: ProgressReporter,
+    out_dir: Path | None,
+    run_metrics: RunMetrics,
+) -> bool:
+    """Takes batches from ``group.iter_batches()`` (each one ``EnvRunner.sample()`` of a
+    runner) until ``counts.<unit>`` reaches ``target``, writing each as it arrives and
+    logging metrics when their interval has passed; returns True when stopped early
+    by Ctrl-C.
+
+    A batch counts once ``write_batch`` returned, so after Ctrl-C the summary
+    names exactly the batches on disk. The counts' clock (the progress
+    display's) starts after the group is built: the steps/s of the progress
+    line and of the final table are the same numbers.
+    """
+    batches = group.iter_batches()
+    try:
+        for batch in count_batches(batches, counts, unit, target, progress, group.totals):
+            if out_dir is not None:
+                write_batch(batch, out_dir, counts.batches + 1)
+            run_metrics.poll()
+    except KeyboardInterrupt:
+        return True
+    finally:
+        batches.close()
+    return False
+
+
+def _require_ray() -> None:
+    try:
+        import ray  # noqa: F401
+    except ImportError as exc:
+        raise CommandError(
+            f"--runners needs Ray ({exc}); install it with: pip install 'marl-runner[ray]'",
+            EXIT_FAILURE,
+        ) from exc
+
+
+def _cpus_per_runner(num_runners: int) -> float:
+    """One CPU per runner, or an equal share when there are more runners than CPUs."""
+    import ray
+
+    cpus = ray.cluster_resources().get("CPU", 1.0)
+    return min(1.0, cpus / num_runners)

@@ -1,0 +1,288 @@
+"""``RunnerConfig``: the whole run described as plain, checkable data.
+
+A config is loaded from YAML (or a dict), checked completely at load time and
+normalised (defaults filled in, spaces parsed), so that a typo fails before any
+env is built, with a message that names the dotted key, the bad value and what
+was expected. ``to_dict()`` gives back plain YAML-safe data, so a run can be
+saved next to its output and loaded again unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from connectors.imports import ImportPathError, import_object
+from marl_runner.config.checks import check_fields
+from marl_runner.config.errors import ConfigError, kind_of, reject_unknown_keys
+from marl_runner.config.policy_checks import check_chain, connector_name
+from marl_runner.config.schema import BUILTIN_POLICY_CLASSES, REQUIRED_HINTS, EnvSpec, PolicySpec
+from marl_runner.config.spaces import space_to_spec
+from marl_runner.config.yaml_form import (
+    StrictLoader,
+    describe_yaml_error,
+    parse_override,
+    plain,
+    set_dotted,
+)
+
+__all__ = ["RunnerConfig"]
+
+
+def _key(default: Any, doc: str) -> Any:
+    """A config key with its default and reference text (``docs/CONFIG.md`` is made from it)."""
+    return dataclasses.field(default=default, metadata={"doc": doc})
+
+
+def _required(doc: str) -> Any:
+    """A config key without a default."""
+    return dataclasses.field(metadata={"doc": doc})
+
+
+@dataclasses.dataclass(kw_only=True)
+class RunnerConfig:
+    """Everything an ``EnvRunner`` needs; see docs/CONFIG.md for the YAML form.
+
+    Constructing one (directly, via ``from_dict``/``from_yaml`` or
+    ``dataclasses.replace``) validates and normalises every field, raising
+    ``ConfigError`` on the first problem.
+    """
+
+    env: EnvSpec = _required(
+        "The env: `name` (a 'module:callable' or a registered name), `config` "
+        "(keyword arguments for it) and `api` (auto, parallel, aec or multi_agent). "
+        "A string is short for `{name: ...}`; so, in a Python config, is the env class or "
+        "function itself (see env.name below). Required.",
+    )
+    num_envs: int = _key(1, "Sub-envs stepped by one runner; one inference batch spans all of them.")
+    vectorize: str = _key(
+        "sync",
+        "How sub-envs are stepped: sync (in this process), subprocess (worker "
+        "processes), ray (one Ray actor each) or external (driven by an "
+        "ExternalMultiAgentEnv / policy clients).",
+    )
+    num_workers: int | None = _key(
+        None, "subprocess: worker processes; null means min(num_envs, CPU cores)."
+    )
+    async_poll: bool = _key(
+        False,
+        "subprocess: poll returns the sub-envs that are ready instead of all of them, so "
+        "workers step while inference runs; faster, but which rows share a batch depends "
+        "on timing.",
+    )
+    pin_workers: bool = _key(
+        True,
+        "subprocess: pin each worker to its own core when workers plus this process fill "
+        "the machine (Linux); keeps the scheduler from stacking woken workers on one core.",
+    )
+    rollout_fragment_length: int = _key(
+        200,
+        "Steps per sub-env in one batch (truncate_episodes), counted as count_steps_by says.",
+    )
+    batch_mode: str = _key(
+        "truncate_episodes",
+        "truncate_episodes: batches of exactly rollout_fragment_length steps per sub-env, "
+        "episodes cut where needed; complete_episodes: batches of whole episodes only.",
+    )
+    count_steps_by: str = _key(
+        "env_steps",
+        "What rollout_fragment_length counts: env_steps (rounds of a sub-env) or "
+        "agent_steps (transitions of single agents).",
+    )
+    restart_failed_sub_environments: bool = _key(
+        False,
+        "Recreate a crashed sub-env and go on (its episode is dropped as faulty); false "
+        "raises the sub-env's error from sample()/step().",
+    )
+    remote_env_batch_wait_ms: float = _key(
+        0,
+        "ray: how long poll waits for more sub-envs after the first answered, so one "
+        "forward pass batches more of them.",
+    )
+    fake_obs: str = _key(
+        "zeros",
+        "The final obs of an agent the env left without one when the episode ended: "
+        "zeros, sample (from its space) or last (its last obs repeated).",
+    )
+    seed: int | None = _key(
+        0, "Seeds sub-envs (seed + index) and policies (per policy id); null: unseeded."
+    )
+    device: str = _key("cpu", "Torch device for inference: cpu, cuda, cuda:N or auto.")
+    explore: bool = _key(True, "Sample actions (true) or take the most likely one (false).")
+    normalize_actions: bool = _key(
+        False,
+        "The default action chain unsquashes Box actions from [-1, 1] (the policy then "
+        "acts in Box(-1, 1) of the env's shape) instead of clipping them to the bounds.",
+    )
+    policies: dict[str, PolicySpec] = _required(
+        "Policy id -> policy spec (keys below). Ids name batch columns and files, so they "
+        "use letters, digits, '_', '.' and '-' only. Spaces not given are taken from the env "
+        "agents mapped to the policy. Required, at least one.",
+    )
+    policy_mapping_fn: str | dict[str, str] | None = _key(
+        None,
+        "Agent -> policy id: an import path 'module:function' of fn(agent_id, episode, "
+        "**kwargs), a mapping {agent-id glob: policy id} (first match wins), or null when "
+        "there is one policy. Callables go to EnvRunner(policy_mapping_fn=...).",
+    )
+    callbacks: str | None = _key(
+        None, "Import path 'module:Class' of a marl_runner.Callbacks subclass."
+    )
+    ema_coef: float | None = _key(
+        None,
+        "Perf stats as an exponential moving average with this coefficient in (0, 1]; "
+        "null: the mean since the last get_metrics().",
+    )
+    torch_threads: int | None = _key(
+        1,
+        "Torch intra-op threads for inference: small per-round batches run fastest on one "
+        "thread; null leaves torch's setting alone.",
+    )
+    sub_env_step_timeout_s: float | None = _key(
+        60.0,
+        "subprocess/ray: a step or reset slower than this is a fault; null waits forever.",
+    )
+    max_consecutive_reset_failures: int = _key(
+        5, "A sub-env whose resets fail this many times in a row raises, naming the last error."
+    )
+    max_consecutive_step_failures: int = _key(
+        5,
+        "A sub-env whose episodes fail this many times in a row (restarts on) raises likewise.",
+    )
+    check_env_outputs: bool = _key(
+        False, "Check every obs against the agent's space and every reward for being finite."
+    )
+    max_episode_steps: int | None = _key(
+        None, "Warn once when an episode has not ended after this many env steps; null: never."
+    )
+    remote_env_num_cpus: float = _key(0, "ray: CPUs reserved for each sub-env actor.")
+    num_runners: int = _key(
+        0, "marl_runner.distributed: remote runners in a group; 0 samples locally only."
+    )
+    max_runner_restarts: int = _key(
+        3, "marl_runner.distributed: restarts of a dead runner before it is dropped."
+    )
+    ray_address: str | None = _key(
+        None,
+        "marl_runner.distributed: the Ray cluster to join; null joins the running one or "
+        "starts a local one.",
+    )
+    external_episode_timeout_s: float | None = _key(
+        60.0, "external: an episode quiet this long ends as faulty; null: never."
+    )
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RunnerConfig:
+        """Builds a config from plain data (e.g. parsed YAML), rejecting unknown keys."""
+        if not isinstance(data, Mapping):
+            raise ConfigError(
+                None, f"a config must be a mapping of keys to values, got {kind_of(data)}"
+            )
+        reject_unknown_keys(data, _FIELD_NAMES, prefix="")
+        for required in ("env", "policies"):
+            if required not in data:
+                raise ConfigError(required, f"missing; {REQUIRED_HINTS[required]}")
+        return cls(**dict(data))
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> RunnerConfig:
+        """Loads a YAML file; any problem is reported with the file's name (and line when parsing)."""
+        path = Path(path)
+        source = str(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(
+                None, f"cannot read the config file: {exc.strerror or exc}", source=source
+            ) from None
+        try:
+            data = yaml.load(text, Loader=StrictLoader)
+        except yaml.YAMLError as exc:
+            raise ConfigError(None, describe_yaml_error(exc), source=source) from None
+        if data is None:
+            raise ConfigError(
+                None,
+                "the file is empty; expected a mapping with at least 'env' and 'policies'",
+                source=source,
+            )
+        try:
+            return cls.from_dict(data)
+        except ConfigError as exc:
+            raise ConfigError(exc.key, exc.problem, source=source) from None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain YAML-safe data (spaces as ``{type: ...}`` dicts) that ``from_dict`` accepts."""
+        out: dict[str, Any] = {}
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.name == "policies":
+                value = {pid: _policy_to_dict(spec) for pid, spec in value.items()}
+            out[field.name] = plain(value)
+        return out
+
+    def with_overrides(self, overrides: Iterable[str]) -> RunnerConfig:
+        """Returns a copy with ``"dotted.key=value"`` overrides applied (the CLI's ``--set``).
+
+        Values are parsed as YAML (``8``, ``true``, ``[32, 32]``, ``null``);
+        missing intermediate mappings are created, so
+        ``env.config.max_cycles=50`` works even when ``env.config`` was empty.
+        The result is validated like any other config.
+        """
+        data = self.to_dict()
+        for override in overrides:
+            key, value = parse_override(override)
+            set_dotted(data, key, value)
+        return RunnerConfig.from_dict(data)
+
+    def check_imports(self) -> None:
+        """Imports every import path in the config so that a typo fails now, naming its key.
+
+        Loading a config only checks the shape of import paths, because the
+        code they name may not be importable where the config is edited; call
+        this where the run will happen.
+        """
+        paths: list[tuple[str, str]] = []
+        if ":" in self.env["name"]:
+            paths.append(("env.name", self.env["name"]))
+        if isinstance(self.policy_mapping_fn, str):
+            paths.append(("policy_mapping_fn", self.policy_mapping_fn))
+        if self.callbacks is not None:
+            paths.append(("callbacks", self.callbacks))
+        for pid, spec in self.policies.items():
+            if spec["policy_class"] not in (None, *BUILTIN_POLICY_CLASSES):
+                paths.append((f"policies.{pid}.policy_class", spec["policy_class"]))
+            if "class" in spec["model"]:
+                paths.append((f"policies.{pid}.model.class", spec["model"]["class"]))
+        for pid, spec in self.policies.items():
+            for kind in ("agent", "action"):
+                chain = spec[f"{kind}_connectors"]
+                if chain and any(":" in connector_name(item) for item in chain):
+                    key = f"policies.{pid}.{kind}_connectors"
+                    check_chain(chain, key, kind, import_paths=True)
+        for key, path in paths:
+            try:
+                obj = import_object(path)
+            except ImportPathError as exc:
+                raise ConfigError(key, str(exc)) from None
+            if not callable(obj):
+                raise ConfigError(
+                    key, f"{path!r} names a {type(obj).__name__}, expected something callable"
+                )
+
+
+_FIELD_NAMES = tuple(f.name for f in dataclasses.fields(RunnerConfig))
+
+
+def _policy_to_dict(spec: PolicySpec) -> dict[str, Any]:
+    out = dict(spec)
+    for space_key in ("observation_space", "action_space"):
+        if out[space_key] is not None:
+            out[space_key] = space_to_spec(out[space_key])
+    return out

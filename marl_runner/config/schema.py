@@ -1,0 +1,106 @@
+"""What a config may say: the choices, the keys of ``env`` and of a policy, their texts.
+
+The reference (docs/CONFIG.md, ``marl-runner config-doc``) is written from
+these tables and from ``RunnerConfig``'s fields, so they are the one place a
+key is described. The keys of the built-in model types live with the models
+(``marl_runner.policy.models.MODEL_KEYS``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+import gymnasium as gym
+
+__all__ = [
+    "ACTIVATIONS",
+    "BATCH_MODES",
+    "BUILTIN_POLICY_CLASSES",
+    "DEVICES",
+    "ENV_APIS",
+    "ENV_KEYS",
+    "FAKE_OBS_MODES",
+    "POLICY_KEYS",
+    "REQUIRED_HINTS",
+    "STEP_COUNTS",
+    "EnvSpec",
+    "PolicySpec",
+    "model_keys",
+]
+
+ENV_APIS = ("auto", "parallel", "aec", "multi_agent")
+BATCH_MODES = ("truncate_episodes", "complete_episodes")
+STEP_COUNTS = ("env_steps", "agent_steps")
+FAKE_OBS_MODES = ("zeros", "sample", "last")
+DEVICES = ("cpu", "cuda", "auto")
+ACTIVATIONS = ("tanh", "relu")
+#: Policy classes named without an import path (see marl_runner.policy.build_policy).
+BUILTIN_POLICY_CLASSES = ("TorchPolicy", "RandomPolicy")
+
+#: The keys of ``env``, with their reference text.
+ENV_KEYS = {
+    "name": "'module:callable' returning a PettingZoo env or a MultiAgentEnv, or a name "
+    "given to marl_runner.envs.register_env. Required. In a Python config (from_dict, "
+    "EnvRunner) also the env class or function itself: one with an import path is stored "
+    "as that path; one without (defined in __main__, a lambda, a local class) is registered "
+    "in this process as '<module>.<name>' and saved under that name.",
+    "config": "Keyword arguments for that callable. Default: {}.",
+    "api": "auto (detected), parallel, aec or multi_agent (a marl_runner MultiAgentEnv). "
+    "Default: auto.",
+}
+#: The keys of one policy under ``policies``, with their reference text.
+POLICY_KEYS = {
+    "model": "The torch model: {type: mlp|lstm|cnn, ...} (keys below) or {class: "
+    "'pkg.mod:Cls', ...} whose other keys go to Cls(obs_dim, num_outputs, **kwargs). "
+    "Default: {type: mlp}.",
+    "policy_class": "TorchPolicy, RandomPolicy or 'pkg.mod:Cls' naming a Policy subclass. "
+    "Default: TorchPolicy.",
+    "agent_connectors": "The agent connector chain: a list of names or {name: ..., <param>: "
+    "...} mappings (see docs/CONNECTORS.md). Null: the default chain; []: none.",
+    "action_connectors": "The action connector chain, likewise. Null: the default chain; "
+    "[]: none.",
+    "observation_space": "The env-side observation space, e.g. {type: Box, low: -1.0, high: "
+    "1.0, shape: [3]}; must fit the agents mapped to the policy. Null: taken from them.",
+    "action_space": "The env-side action space, e.g. {type: Discrete, n: 6}; must fit the "
+    "agents mapped to the policy. Null: taken from them.",
+    "config": "Policy settings passed to the policy class (gamma, lambda, "
+    "view_requirements, ...). Default: {}.",
+}
+
+#: What the two required top-level keys must hold, for "missing" and "got ..." messages.
+REQUIRED_HINTS = {
+    "env": "expected a mapping with 'name' (e.g. 'pettingzoo.classic.tictactoe_v3:env'), "
+    "and optionally 'config' and 'api'",
+    "policies": "expected a mapping of policy id -> policy spec with at least one policy",
+}
+
+
+class EnvSpec(TypedDict):
+    """How to build one sub-environment; the argument of ``marl_runner.envs.make_env``."""
+
+    name: str  # "module:callable" or a name given to register_env
+    config: dict[str, Any]  # keyword arguments for the callable
+    api: str  # one of ENV_APIS
+
+
+class PolicySpec(TypedDict):
+    """How to build one policy. None for a connector chain means the default chain."""
+
+    model: dict[str, Any]  # {"type": "mlp"|"lstm"|"cnn", ...} or {"class": "pkg.mod:Cls", ...}
+    policy_class: str | None
+    agent_connectors: list[str | dict[str, Any]] | None
+    action_connectors: list[str | dict[str, Any]] | None
+    observation_space: gym.Space | None  # None: taken from the env agents mapped to it
+    action_space: gym.Space | None
+    config: dict[str, Any]
+
+
+def model_keys() -> dict[str, dict[str, str]]:
+    """``MODEL_KEYS`` of ``marl_runner.policy.models``: the keys of each built-in model type.
+
+    Imported when a model spec is checked, not with this module, so that
+    importing the config package does not import torch.
+    """
+    from marl_runner.policy.models import MODEL_KEYS
+
+    return MODEL_KEYS
