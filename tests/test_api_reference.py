@@ -1,0 +1,77 @@
+"""The public names of `marl_runner`: seen by static tools, loaded lazily, and in the
+API reference that `scripts/build_api_docs.py` (pdoc) builds without warnings."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import marl_runner
+from scripts import build_api_docs
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _type_checking_imports() -> dict[str, str]:
+    """`name -> module` of the imports under `if TYPE_CHECKING:` in marl_runner/__init__.py."""
+    tree = ast.parse((REPO / "marl_runner" / "__init__.py").read_text())
+    blocks = [
+        node
+        for node in tree.body
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING"
+    ]
+    assert len(blocks) == 1
+    imports = {}
+    for node in blocks[0].body:
+        assert isinstance(node, ast.ImportFrom)
+        for alias in node.names:
+            # `X as X`: the form type checkers take as a re-export
+            assert alias.asname == alias.name, f"import {alias.name} as {alias.name}"
+            imports[alias.name] = node.module
+    return imports
+
+
+def test_static_imports_list_exactly_the_lazy_public_names() -> None:
+    assert _type_checking_imports() == marl_runner._EXPORTS
+    assert sorted(marl_runner.__all__) == sorted(marl_runner._EXPORTS)
+
+
+def test_every_public_name_resolves_to_its_module_object() -> None:
+    for name, module in marl_runner._EXPORTS.items():
+        assert getattr(marl_runner, name) is getattr(importlib.import_module(module), name)
+    with pytest.raises(AttributeError, match="no attribute 'EnvRuner'"):
+        marl_runner.EnvRuner  # noqa: B018
+
+
+def test_importing_the_package_does_not_import_torch() -> None:
+    """Env worker processes import marl_runner; torch would cost each one ~190 MB."""
+    code = "import sys, marl_runner.envs; print('torch' in sys.modules)"
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert result.stdout.strip() == "False", result.stderr
+
+
+@pytest.mark.slow
+def test_api_reference_builds_without_warnings(tmp_path) -> None:
+    assert build_api_docs.build(tmp_path) == []
+    top = (tmp_path / "marl_runner.html").read_text()
+    for name in marl_runner.__all__:
+        assert f'id="{name}"' in top, f"{name} missing from the API reference"
+    for module in build_api_docs.PUBLIC_MODULES:
+        assert (tmp_path / (module.replace(".", "/") + ".html")).is_file(), module
+    group = (tmp_path / "marl_runner" / "distributed.html").read_text()
+    assert 'id="EnvRunnerGroup"' in group
+
+
+def test_a_pdoc_warning_fails_the_build(tmp_path, monkeypatch) -> None:
+    """The script's exit code is what CI (`make docs`) checks."""
+    monkeypatch.setattr(build_api_docs, "build", lambda out_dir: ["Error parsing type X for y"])
+    assert build_api_docs.main([str(tmp_path)]) == 1
+    monkeypatch.setattr(build_api_docs, "build", lambda out_dir: [])
+    assert build_api_docs.main([str(tmp_path)]) == 0
