@@ -13,6 +13,9 @@ sharing). Each iteration:
    actions with ``TorchPolicy.evaluate``.
 3. ``runner.set_weights``: the new weights go back into the sampler.
 
+The learners train on ``--device`` (e.g. ``cuda``); the sampler's policies
+stay on the config's ``device`` and get the weights as CPU arrays.
+
 With ``--runners N`` the sampler is an ``EnvRunnerGroup``: N runners in Ray
 actors, each stepping the config's ``num_envs`` sub-envs, sample in parallel
 and ``group.sample()`` gathers one batch from each; the new weights go to
@@ -59,11 +62,13 @@ from marl_runner import (
 )
 from marl_runner.distributed import EnvRunnerGroup, ray_session
 from marl_runner.metrics_log import plot_learning_curve
+from marl_runner.policy.torch_utils import resolve_device
 from marl_runner.tensorboard import summary_writer_class
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG_DIR = REPO / "examples" / "configs"
 STAT_KEYS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_frac", "explained_var")
+PPO_COLUMNS = ("action_logp", "advantages", "value_targets")  # what ppo_step needs as tensors
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -147,6 +152,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="tiny step counts, to check the whole pipeline runs in a few seconds (CI)",
     )
     parser.add_argument(
+        "--device",
+        default="cpu",
+        help="torch device the learners train on: cpu, cuda, cuda:N or auto (CUDA when "
+        "available); sampling stays on the config's device, weights go back as CPU arrays",
+    )
+    parser.add_argument(
         "--tensorboard",
         action="store_true",
         help="also write each progress.csv row as TensorBoard scalars to <run-dir>/tensorboard "
@@ -156,6 +167,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.runners < 0:
         parser.error(f"--runners {args.runners}: expected an int >= 0")
+    try:
+        args.device = str(resolve_device(args.device))
+    except ValueError as err:
+        parser.error(f"--device {args.device}: {err}")
     check_ppo_arguments(parser, args)
     if args.smoke:
         args.num_envs, args.fragment_length = 2, args.fragment_length or 30
@@ -288,44 +303,13 @@ def ppo_update(
     rng: np.random.Generator,
 ) -> dict[str, float]:
     """Clipped-objective PPO over one policy's rows; returns the last epoch's mean stats."""
-    columns = {key: value for key, value in batch.items() if key != "infos"}  # infos: objects
-    old_logp = torch.from_numpy(batch["action_logp"])
-    advantages = torch.from_numpy(batch["advantages"])
-    value_targets = torch.from_numpy(batch["value_targets"])
-    num_rows = len(batch)
-    minibatch_size = max(1, num_rows // args.num_minibatches)
+    minibatch_size = max(1, len(batch) // args.num_minibatches)
     for _ in range(args.update_epochs):
         epoch_stats: dict[str, list[float]] = {key: [] for key in STAT_KEYS[:-1]}
-        order = rng.permutation(num_rows)
-        for start in range(0, num_rows, minibatch_size):
-            rows = order[start : start + minibatch_size]
-            logp, entropy, values = learner.evaluate(
-                {key: value[rows] for key, value in columns.items()}
-            )
-            log_ratio = logp - old_logp[rows]
-            ratio = log_ratio.exp()
-            adv = advantages[rows]
-            if args.norm_adv and len(rows) > 1:
-                adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-            clipped_ratio = ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)
-            policy_loss = torch.max(-adv * ratio, -adv * clipped_ratio).mean()
-            value_loss = 0.5 * (values - value_targets[rows]).square().mean()
-            entropy_mean = entropy.mean()
-            loss = policy_loss - args.ent_coef * entropy_mean + args.vf_coef * value_loss
-
-            optimizer.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(list(learner.parameters()), args.max_grad_norm)
-            optimizer.step()
-
-            with torch.no_grad():  # http://joschu.net/blog/kl-approx.html
-                epoch_stats["approx_kl"].append(float(((ratio - 1) - log_ratio).mean()))
-                epoch_stats["clip_frac"].append(
-                    float(((ratio - 1).abs() > args.clip_coef).float().mean())
-                )
-            epoch_stats["policy_loss"].append(policy_loss.item())
-            epoch_stats["value_loss"].append(value_loss.item())
-            epoch_stats["entropy"].append(entropy_mean.item())
+        # Shuffled minibatches covering every row once (the last may be smaller).
+        for minibatch in batch.minibatches(minibatch_size, seed=int(rng.integers(2**32))):
+            for key, value in ppo_step(learner, optimizer, minibatch, args).items():
+                epoch_stats[key].append(value)
         if args.target_kl is not None and np.mean(epoch_stats["approx_kl"]) > args.target_kl:
             break
     stats = {key: float(np.mean(values)) for key, values in epoch_stats.items()}
@@ -334,6 +318,40 @@ def ppo_update(
     residual_var = float(np.var(batch["value_targets"] - batch["vf_preds"]))
     stats["explained_var"] = math.nan if target_var == 0 else 1 - residual_var / target_var
     return stats
+
+
+def ppo_step(
+    learner: TorchPolicy,
+    optimizer: torch.optim.Optimizer,
+    minibatch: SampleBatch,
+    args: argparse.Namespace,
+) -> dict[str, float]:
+    """One gradient step on one minibatch, on the learner's device."""
+    targets = SampleBatch({k: minibatch[k] for k in PPO_COLUMNS}).to_tensors(learner.device)
+    logp, entropy, values = learner.evaluate(minibatch)  # with gradients
+    log_ratio = logp - targets["action_logp"]
+    ratio = log_ratio.exp()
+    adv = targets["advantages"]
+    if args.norm_adv and len(minibatch) > 1:
+        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+    clipped_ratio = ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)
+    policy_loss = torch.max(-adv * ratio, -adv * clipped_ratio).mean()
+    value_loss = 0.5 * (values - targets["value_targets"]).square().mean()
+    entropy_mean = entropy.mean()
+    loss = policy_loss - args.ent_coef * entropy_mean + args.vf_coef * value_loss
+
+    optimizer.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(list(learner.parameters()), args.max_grad_norm)
+    optimizer.step()
+    with torch.no_grad():  # http://joschu.net/blog/kl-approx.html
+        return {
+            "policy_loss": policy_loss.item(),
+            "value_loss": value_loss.item(),
+            "entropy": entropy_mean.item(),
+            "approx_kl": float(((ratio - 1) - log_ratio).mean()),
+            "clip_frac": float(((ratio - 1).abs() > args.clip_coef).float().mean()),
+        }
 
 
 def make_sampler(
@@ -359,110 +377,125 @@ def make_sampler(
     return group.local_runner, group
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = parse_args(argv)
-    require_matplotlib()
-    # Configs name classes and functions by import path: "examples.mappings:..." resolves
-    # from the repository root, a user's own package from the current folder.
-    for path in (str(REPO), os.getcwd()):
-        if path not in sys.path:
-            sys.path.insert(0, path)
-    config = make_config(args)
-    env_name = args.config.stem if args.config else args.env
-    run_dir = args.run_dir or Path("runs") / f"{env_name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(args.seed)
-    print(f"run dir: {run_dir}", flush=True)
+def make_learners(
+    runner: EnvRunner, args: argparse.Namespace
+) -> tuple[dict[str, TorchPolicy], dict[str, torch.optim.Optimizer]]:
+    """A learner copy of each of the runner's TorchPolicies, on ``--device``, and its optimiser.
 
-    with contextlib.ExitStack() as stack:
-        runner, group = make_sampler(config, args, stack)
-        sampler = runner if group is None else group
-        spaces = runner.get_spaces()
-        # Learners are copies of the runner's policies: training never touches the sampler's
-        # weights directly, which is how it works with remote runners too.
-        learners = {
-            policy_id: TorchPolicy(*spaces[policy_id], policy.config)
-            for policy_id, policy in runner.policy_map.items()
-            if isinstance(policy, TorchPolicy)
-        }
-        for policy_id, learner in learners.items():
-            learner.set_weights(runner.policy_map[policy_id].get_weights())
-        optimizers = {
-            pid: torch.optim.Adam(lrn.parameters(), lr=args.lr, eps=1e-5)
-            for pid, lrn in learners.items()
-        }
+    Training never touches the sampler's weights directly (which is how it works with
+    remote runners too): ``get_weights`` hands them over as CPU arrays after each update.
+    """
+    spaces = runner.get_spaces()
+    learners = {
+        pid: TorchPolicy(*spaces[pid], {**policy.config, "device": args.device})
+        for pid, policy in runner.policy_map.items()
+        if isinstance(policy, TorchPolicy)
+    }
+    for pid, learner in learners.items():
+        learner.set_weights(runner.policy_map[pid].get_weights())
+    optimizers = {
+        pid: torch.optim.Adam(learner.parameters(), lr=args.lr, eps=1e-5)
+        for pid, learner in learners.items()
+    }
+    return learners, optimizers
 
-        # The same policies acting at random: each keeps its connector chains (frame stacks,
-        # resizes), so it sees what the trained one sees.
-        random_data = config.to_dict()
-        for spec in random_data["policies"].values():
-            spec["policy_class"] = "RandomPolicy"
-        random_eval = evaluate(RunnerConfig.from_dict(random_data), args.eval_episodes)
-        random_reward = random_eval["episode_reward_mean"]
+
+def random_baseline(config: RunnerConfig, episodes: int) -> dict[str, Any]:
+    """``evaluate`` with the config's policies acting at random; each keeps its connector
+    chains (frame stacks, resizes), so it sees what the trained one sees."""
+    random_data = config.to_dict()
+    for spec in random_data["policies"].values():
+        spec["policy_class"] = "RandomPolicy"
+    result = evaluate(RunnerConfig.from_dict(random_data), episodes)
+    print(
+        f"random policy: mean episode reward {result['episode_reward_mean']:.2f} ({episodes} "
+        f"episodes), per policy {_rounded(result['policy_reward_mean'])}",
+        flush=True,
+    )
+    return result
+
+
+class ProgressLog:
+    """progress.csv, one row per iteration (and each row as TensorBoard scalars with
+    ``--tensorboard``); the files close with ``stack``."""
+
+    def __init__(
+        self, run_dir: Path, policy_ids: list[str], tensorboard: bool, stack: contextlib.ExitStack
+    ) -> None:
+        fieldnames = [
+            "iteration", "env_steps", "agent_steps", "wall_s", "sps", "sample_s", "train_s",
+            "episodes", "episode_reward_mean", "episode_len_mean", "lr",
+        ]  # fmt: skip
+        fieldnames += [f"{pid}/{key}" for pid in policy_ids for key in ("reward_mean", *STAT_KEYS)]
+        self.file = stack.enter_context(
+            (run_dir / "progress.csv").open("w", newline="", encoding="utf-8")
+        )
+        self.csv = csv.DictWriter(self.file, fieldnames=fieldnames)
+        self.csv.writeheader()
+        self.tensorboard = None
+        if tensorboard:
+            self.tensorboard = summary_writer_class()(str(run_dir / "tensorboard"))
+            stack.callback(self.tensorboard.close)
+        self.rows: list[dict[str, Any]] = []
+
+    def write(self, row: dict[str, Any]) -> None:
+        self.csv.writerow(row)
+        self.file.flush()
+        if self.tensorboard is not None:
+            for key, value in row.items():
+                if key != "iteration" and math.isfinite(value):
+                    self.tensorboard.add_scalar(key, value, global_step=row["env_steps"])
+            self.tensorboard.flush()
+        self.rows.append(row)
         print(
-            f"random policy: mean episode reward {random_reward:.2f} ({args.eval_episodes} "
-            f"episodes), per policy {_rounded(random_eval['policy_reward_mean'])}",
+            f"iter {row['iteration']:4d}  env_steps {row['env_steps']:8d}  SPS {row['sps']:7.0f}  "
+            f"episode_reward_mean {row['episode_reward_mean']:8.2f}",
             flush=True,
         )
 
-        fieldnames = [
-            "iteration",
-            "env_steps",
-            "agent_steps",
-            "wall_s",
-            "sps",
-            "sample_s",
-            "train_s",
-            "episodes",
-            "episode_reward_mean",
-            "episode_len_mean",
-            "lr",
-        ]
-        fieldnames += [f"{pid}/{key}" for pid in learners for key in ("reward_mean", *STAT_KEYS)]
-        progress_file = stack.enter_context(
-            (run_dir / "progress.csv").open("w", newline="", encoding="utf-8")
-        )
-        progress = csv.DictWriter(progress_file, fieldnames=fieldnames)
-        progress.writeheader()
-        tensorboard = None
-        if args.tensorboard:
-            tensorboard = summary_writer_class()(str(run_dir / "tensorboard"))
-            stack.callback(tensorboard.close)
-        rows: list[dict[str, Any]] = []
 
-        env_steps = agent_steps = iteration = 0
-        start = time.perf_counter()
-        while env_steps < args.total_env_steps:
-            iteration += 1
-            lr = args.lr * (1 - env_steps / args.total_env_steps) if args.anneal_lr else args.lr
-            for optimizer in optimizers.values():
-                optimizer.param_groups[0]["lr"] = lr
+def train(
+    runner: EnvRunner,
+    group: EnvRunnerGroup | None,
+    args: argparse.Namespace,
+    log: ProgressLog,
+    run_dir: Path,
+) -> dict[str, Any]:
+    """Sample, update every learner, hand the weights back; until --total-env-steps."""
+    learners, optimizers = make_learners(runner, args)
+    sampler = runner if group is None else group
+    rng = np.random.default_rng(args.seed)
+    env_steps = agent_steps = iteration = 0
+    start = time.perf_counter()
+    while env_steps < args.total_env_steps:
+        iteration += 1
+        lr = args.lr * (1 - env_steps / args.total_env_steps) if args.anneal_lr else args.lr
+        for optimizer in optimizers.values():
+            optimizer.param_groups[0]["lr"] = lr
 
-            sample_start = time.perf_counter()
-            batch = sampler.sample()
-            metrics = sampler.get_metrics()
-            env_steps += batch.env_steps()
-            agent_steps += batch.agent_steps()
+        sample_start = time.perf_counter()
+        batch = sampler.sample()
+        metrics = sampler.get_metrics()
+        env_steps += batch.env_steps()
+        agent_steps += batch.agent_steps()
 
-            train_start = time.perf_counter()
-            stats = {}
-            for policy_id, learner in learners.items():
-                if policy_id in batch.policy_batches:
-                    policy_stats = ppo_update(
-                        learner, optimizers[policy_id], batch.policy_batches[policy_id], args, rng
-                    )
-                    stats.update(
-                        {f"{policy_id}/{key}": value for key, value in policy_stats.items()}
-                    )
-            weights = {policy_id: learner.get_weights() for policy_id, learner in learners.items()}
-            if group is None:
-                runner.set_weights(weights)
-            else:
-                group.sync_weights(weights)  # the local runner and, with one put, every remote one
-                group.sync_connector_states()  # observation filters: merged statistics everywhere
-            now = time.perf_counter()
+        train_start = time.perf_counter()
+        stats = {}
+        for pid, learner in learners.items():
+            if pid in batch.policy_batches:
+                policy_batch = batch.policy_batches[pid]
+                policy_stats = ppo_update(learner, optimizers[pid], policy_batch, args, rng)
+                stats.update({f"{pid}/{key}": value for key, value in policy_stats.items()})
+        weights = {pid: learner.get_weights() for pid, learner in learners.items()}  # CPU arrays
+        if group is None:
+            runner.set_weights(weights)
+        else:
+            group.sync_weights(weights)  # the local runner and, with one put, every remote one
+            group.sync_connector_states()  # observation filters: merged statistics everywhere
+        now = time.perf_counter()
 
-            row = {
+        log.write(
+            {
                 "iteration": iteration,
                 "env_steps": env_steps,
                 "agent_steps": agent_steps,
@@ -480,56 +513,79 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 },
                 **stats,
             }
-            progress.writerow(row)
-            progress_file.flush()
-            if tensorboard is not None:
-                for key, value in row.items():
-                    if key != "iteration" and math.isfinite(value):
-                        tensorboard.add_scalar(key, value, global_step=env_steps)
-                tensorboard.flush()
-            rows.append(row)
-            print(
-                f"iter {iteration:4d}  env_steps {env_steps:8d}  SPS {row['sps']:7.0f}  "
-                f"episode_reward_mean {row['episode_reward_mean']:8.2f}",
-                flush=True,
-            )
-            if iteration % args.checkpoint_every == 0:
-                save_checkpoint(runner, run_dir / "checkpoints" / f"iter_{iteration:05d}.ckpt")
-        save_checkpoint(runner, run_dir / "checkpoints" / "final.ckpt")
-        weights = runner.get_weights()
+        )
+        if iteration % args.checkpoint_every == 0:
+            save_checkpoint(runner, run_dir / "checkpoints" / f"iter_{iteration:05d}.ckpt")
+    save_checkpoint(runner, run_dir / "checkpoints" / "final.ckpt")
     wall_s = time.perf_counter() - start
-
-    trained_eval = evaluate(config, args.eval_episodes, weights=weights)
-    trained_reward = trained_eval["episode_reward_mean"]
-    print(
-        f"trained policy: mean episode reward {trained_reward:.2f} ({args.eval_episodes} "
-        f"episodes), per policy {_rounded(trained_eval['policy_reward_mean'])}"
-    )
-    summary = {
-        "env": env_name,
+    return {
         "env_steps": env_steps,
         "agent_steps": agent_steps,
         "iterations": iteration,
         "train_wall_s": round(wall_s, 1),
         "sps": round(env_steps / wall_s, 1),
+    }
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    require_matplotlib()
+    # Configs name classes and functions by import path: "examples.mappings:..." resolves
+    # from the repository root, a user's own package from the current folder.
+    for path in (str(REPO), os.getcwd()):
+        if path not in sys.path:
+            sys.path.insert(0, path)
+    config = make_config(args)
+    env_name = args.config.stem if args.config else args.env
+    run_dir = args.run_dir or Path("runs") / f"{env_name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    print(f"run dir: {run_dir}", flush=True)
+
+    with contextlib.ExitStack() as stack:
+        runner, group = make_sampler(config, args, stack)
+        random_eval = random_baseline(config, args.eval_episodes)
+        policy_ids = [pid for pid, p in runner.policy_map.items() if isinstance(p, TorchPolicy)]
+        log = ProgressLog(run_dir, policy_ids, args.tensorboard, stack)
+        counts = train(runner, group, args, log, run_dir)
+        weights = runner.get_weights()
+
+    trained_eval = evaluate(config, args.eval_episodes, weights=weights)
+    print(
+        f"trained policy: mean episode reward {trained_eval['episode_reward_mean']:.2f} "
+        f"({args.eval_episodes} episodes), per policy "
+        f"{_rounded(trained_eval['policy_reward_mean'])}"
+    )
+    summary = {
+        "env": env_name,
+        **counts,
         "eval_episodes": args.eval_episodes,
-        "random_episode_reward_mean": random_reward,
-        "trained_episode_reward_mean": trained_reward,
+        "random_episode_reward_mean": random_eval["episode_reward_mean"],
+        "trained_episode_reward_mean": trained_eval["episode_reward_mean"],
         "random_policy_reward_mean": random_eval["policy_reward_mean"],
         "trained_policy_reward_mean": trained_eval["policy_reward_mean"],
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    if any(math.isfinite(row["episode_reward_mean"]) for row in rows):
-        plot_learning_curve(
-            rows,
-            run_dir / "learning_curve.png",
-            baselines={"random policy": random_reward, "trained, evaluated": trained_reward},
-            title=f"PPO on {env_name}: mean episode reward (all agents summed)",
-        )
-    else:
-        print("no episode finished during training: no learning curve to draw")
+    draw_curve(log.rows, run_dir, env_name, summary)
     print(json.dumps(summary, indent=2))
     return summary
+
+
+def draw_curve(
+    rows: list[dict[str, Any]], run_dir: Path, env_name: str, summary: dict[str, Any]
+) -> None:
+    """learning_curve.png with the random and the trained policy's evaluations as lines."""
+    if not any(math.isfinite(row["episode_reward_mean"]) for row in rows):
+        print("no episode finished during training: no learning curve to draw")
+        return
+    plot_learning_curve(
+        rows,
+        run_dir / "learning_curve.png",
+        baselines={
+            "random policy": summary["random_episode_reward_mean"],
+            "trained, evaluated": summary["trained_episode_reward_mean"],
+        },
+        title=f"PPO on {env_name}: mean episode reward (all agents summed)",
+    )
 
 
 def _rounded(values: dict[str, float]) -> dict[str, float]:
