@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import itertools
-import multiprocessing as mp
 import os
 import pickle
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, fields
-from multiprocessing.connection import Connection, wait
-from multiprocessing.process import BaseProcess
+from multiprocessing.connection import wait
 from time import monotonic, perf_counter
 from typing import Any
 
@@ -25,131 +21,19 @@ from marl_runner.envs.base_env import (
     put_failure,
     put_reset,
 )
-from marl_runner.envs.errors import EnvError, SubEnvTimeoutError
+from marl_runner.envs.errors import EnvError
 from marl_runner.envs.multi_agent_env import AgentID, MultiAgentDict, MultiAgentEnv
-from marl_runner.envs.shared_obs import SharedObs, SharedObsReader, unlink_blocks
-from marl_runner.envs.subprocess_worker import (
-    Crash,
-    Malformed,
-    receive,
-    send,
-    worker_main,
+from marl_runner.envs.shared_obs import SharedObs
+from marl_runner.envs.subprocess_pool import (
+    InFlight,
+    SubprocessStats,
+    WorkerHandle,
+    WorkerLauncher,
+    await_ready,
+    shut_down_all,
 )
-
-# Never "fork": the parent usually holds torch threads, which a fork can deadlock.
-START_METHOD = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
-_SHUTDOWN_TIMEOUT_S = 5.0
-_vector_envs_made = itertools.count()
-
-
-@dataclass
-class _InFlight:
-    """A request whose reply is still to be read; one per worker at a time (the
-    worker reuses its shared-memory block for the next reply)."""
-
-    #: "start" (first resets), "step", "reset", "restart" or "render".
-    kind: str
-    #: step/start/reset: `[(env_id, ...), ...]`; restart/render: the env_id.
-    request: Any
-    sent_at: float
-
-
-class _Worker:
-    """The parent's handle on one worker process and the sub-envs it runs."""
-
-    def __init__(
-        self,
-        index: int,
-        env_ids: list[EnvID],
-        process: BaseProcess,
-        conn: Connection,
-        block_prefix: str,
-        progress: Any,
-    ) -> None:
-        self.index = index
-        self.env_ids = env_ids
-        self.process = process
-        self.conn = conn
-        self.block_prefix = block_prefix
-        #: `[env_id or -1, monotonic start]` of the env call the worker is in.
-        self.progress = progress
-        self.obs_reader = SharedObsReader()
-        self.alive = True
-        self.in_flight: _InFlight | None = None
-        #: A reply read but not yet entered (an interruption came in between).
-        self.unread: tuple[_InFlight, bytes] | None = None
-        #: The reply to the last restart/render request.
-        self.reply: Any = None
-
-    def describe(self) -> str:
-        return f"worker {self.index} (pid {self.process.pid}) running sub-envs {self.env_ids}"
-
-    def kill(self) -> None:
-        """End the process however it is, reap it, free its pipe and shared memory."""
-        self.alive = False
-        if self.process.is_alive():
-            self.process.kill()
-        self.process.join(timeout=_SHUTDOWN_TIMEOUT_S)
-        self.conn.close()
-        self.obs_reader.detach()
-        unlink_blocks(self.block_prefix)
-
-    def shut_down(self) -> None:
-        """Ask the worker to close its envs and exit; kill it if it does not in time."""
-        try:
-            if self.alive:
-                self.alive = False
-                deadline = monotonic() + _SHUTDOWN_TIMEOUT_S
-                try:
-                    send(self.conn, ("close", None))
-                    # Replies come in request order: an unread reply precedes the close's.
-                    for _ in range(2 if self.in_flight is not None else 1):
-                        if not self.conn.poll(max(deadline - monotonic(), 0.0)):
-                            break
-                        self.conn.recv_bytes()
-                except (OSError, EOFError):
-                    pass  # already gone
-                self.process.join(timeout=max(deadline - monotonic(), 0.1))
-        finally:
-            self.kill()
-
-
-@dataclass
-class SubprocessStats:
-    """Where a SubprocessVectorEnv's time went, summed since creation (or the last
-    `reset_stats`). Times in seconds; worker times summed over workers."""
-
-    #: `poll` calls after the first.
-    polls: int = 0
-    #: Step requests sent (one per worker per poll in the default mode).
-    step_requests: int = 0
-    #: Sub-env steps whose results came back.
-    env_steps: int = 0
-    #: Resets answered from the reset obs a worker sent with the episode's last step.
-    prefetched_resets: int = 0
-    #: Resets that needed their own round trip (the first reset, after crashes,
-    #: explicit seed/options, restarts).
-    reset_round_trips: int = 0
-    #: Parent blocked waiting for replies (`recv` of step and reset replies, `wait`).
-    parent_wait_s: float = 0.0
-    #: Parent pickling requests and unpickling / copying out replies.
-    parent_ipc_s: float = 0.0
-    #: Workers inside their envs' `step`/`reset` during step requests.
-    worker_env_s: float = 0.0
-    #: Workers handling step requests, from reading one to sending its reply
-    #: (minus `worker_env_s`: unpickling actions, packing obs, bookkeeping).
-    worker_busy_s: float = 0.0
-
-    def as_dict(self) -> dict[str, float]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-
-def _shut_down_all(workers: list[_Worker]) -> None:
-    for worker in workers:
-        try:
-            worker.shut_down()
-        except Exception:  # one worker's trouble must not leave the others running
-            continue
+from marl_runner.envs.subprocess_protocol import Crash, Malformed, send
+from marl_runner.envs.subprocess_restarts import RestartBook, lost_worker_error, timeout_reason
 
 
 class SubprocessVectorEnv(BaseEnv):
@@ -276,34 +160,24 @@ class SubprocessVectorEnv(BaseEnv):
         self.stats = SubprocessStats()
         self._make_one = make_one
         self._seeds = ResetSeeds(seed, num_envs)
-        self._restart_failed = restart_failed
         self._check_spaces = bool(check_env_outputs)
-        self._context = mp.get_context(START_METHOD)
-        if START_METHOD == "forkserver":
-            # Workers fork from a server that imported this package once,
-            # instead of each importing numpy, pettingzoo (and torch) anew.
-            self._context.set_forkserver_preload([worker_main.__module__])
-        self._block_prefix = f"mr{os.getpid()}v{next(_vector_envs_made)}"
-        self._launches = itertools.count()
+        self._launcher = WorkerLauncher(make_one, num_workers, pin_workers, self._check_spaces)
         env_blocks = [
             list(range(num_envs * w // num_workers, num_envs * (w + 1) // num_workers))
             for w in range(num_workers)
         ]
         self._worker_of_env = [w for w, block in enumerate(env_blocks) for _ in block]
-        self._worker_cpus = _worker_cpus(num_workers) if pin_workers else [None] * num_workers
-        self._workers: list[_Worker] = []
-        self._finalizer = weakref.finalize(self, _shut_down_all, self._workers)
+        self._workers: list[WorkerHandle] = []
+        self._finalizer = weakref.finalize(self, shut_down_all, self._workers)
         try:
             for w, block in enumerate(env_blocks):
-                self._workers.append(self._launch(w, block))
+                self._workers.append(self._launcher.launch(w, block))
             for worker in self._workers:
-                self._await_ready(worker)
+                await_ready(worker)
         except BaseException:
             self._finalizer()
             raise
-        self._crashed: set[EnvID] = set()
-        #: Sub-envs of a recreated worker not reset since: stepping one fails it.
-        self._stale: set[EnvID] = set()
+        self._restarts = RestartBook(restart_failed, self._seeds)
         self._pending_actions: dict[EnvID, MultiAgentDict] = {}
         #: Reset results (obs already copied out) sent with an episode's last step.
         self._prefetched: dict[EnvID, Any] = {}
@@ -373,9 +247,9 @@ class SubprocessVectorEnv(BaseEnv):
         seed: int | None = None,
         options: dict[str, Any] | None = None,
     ) -> tuple[MultiAgentDict | Exception, MultiAgentDict]:
-        if env_id in self._crashed:
+        if env_id in self._restarts.crashed:
             self.try_restart(env_id)
-        self._stale.discard(env_id)
+        self._restarts.stale.discard(env_id)
         seed = self._seeds.for_reset(env_id, seed)
         replied = self._reset_replies.pop(env_id, None)  # an interrupted try_reset's
         if replied is not None:
@@ -407,16 +281,15 @@ class SubprocessVectorEnv(BaseEnv):
                     raise EnvError(f"sub-env {env_id}: recreating it failed") from reply.error
                 self._note_recreated([env_id])
                 return
-        replacement = self._launch(worker.index, worker.env_ids)
+        replacement = self._launcher.launch(worker.index, worker.env_ids)
         self._workers[worker.index] = replacement
         try:
-            self._await_ready(replacement)
+            await_ready(replacement)
         except BaseException:
             replacement.kill()
             raise
-        self._note_recreated(worker.env_ids)
         # The worker's other sub-envs are new, unreset envs now.
-        self._stale.update(e for e in worker.env_ids if e != env_id)
+        self._note_recreated(worker.env_ids, [e for e in worker.env_ids if e != env_id])
 
     def try_render(self, env_id: EnvID | None = None) -> Any:
         env_id = 0 if env_id is None else env_id
@@ -453,46 +326,7 @@ class SubprocessVectorEnv(BaseEnv):
 
     # ---- workers
 
-    def _launch(self, index: int, env_ids: list[EnvID]) -> _Worker:
-        parent_conn, child_conn = self._context.Pipe()
-        block_prefix = f"{self._block_prefix}w{index}g{next(self._launches)}b"
-        progress = self._context.RawArray("d", [-1.0, 0.0])
-        process = self._context.Process(
-            target=worker_main,
-            args=(
-                child_conn,
-                self._make_one,
-                env_ids,
-                index,
-                self._worker_cpus[index],
-                block_prefix,
-                progress,
-                self._check_spaces,
-            ),
-            name=f"marl-runner-env-worker-{index}",
-            daemon=True,
-        )
-        process.start()
-        child_conn.close()
-        return _Worker(index, env_ids, process, parent_conn, block_prefix, progress)
-
-    def _await_ready(self, worker: _Worker) -> None:
-        try:
-            reply = receive(worker.conn)
-        except (EOFError, OSError):
-            worker.kill()
-            raise EnvError(
-                f"{worker.describe()} died (exit code {worker.process.exitcode}) before "
-                "creating its sub-envs; see its stderr. A script that starts worker processes "
-                "must guard its entry point with `if __name__ == '__main__':`, and cannot be "
-                "read from stdin"
-            ) from None
-        if reply != "ready":
-            raise EnvError(
-                f"worker {worker.index} could not create its sub-envs {worker.env_ids}: {reply.error}"
-            ) from reply.error
-
-    def _lose(self, worker: _Worker, reason: str | None = None, hung: EnvID | None = None) -> None:
+    def _lose(self, worker: WorkerHandle, reason: str | None = None, hung: EnvID | None = None) -> None:
         """Kill `worker`; the sub-envs of its unanswered request fail, saying why.
 
         `reason` None: it died on its own. `hung`: the sub-env that timed out.
@@ -503,32 +337,21 @@ class SubprocessVectorEnv(BaseEnv):
         worker.kill()
         if reason is None:
             reason = f"{worker.describe()} died (exit code {worker.process.exitcode})"
-        if self._restart_failed:
-            self._crashed.update(worker.env_ids)
+        self._restarts.worker_lost(worker.env_ids)
         for env_id in worker.env_ids:
             self._prefetched.pop(env_id, None)
         if in_flight is None or in_flight.kind in ("restart", "render"):
             return
-
-        def error_for(env_id: EnvID) -> EnvError:
-            if hung is None:
-                return EnvError(reason)
-            if env_id == hung:
-                return SubEnvTimeoutError(reason)
-            return EnvError(
-                f"sub-env {env_id}: its episode is dropped because its worker {worker.index} "
-                f"was killed: {reason}"
-            )
-
         for env_id, *_ in in_flight.request:
+            error = lost_worker_error(env_id, reason, worker.index, hung)
             if in_flight.kind == "reset":
-                self._reset_replies[env_id] = Crash(error_for(env_id))
+                self._reset_replies[env_id] = Crash(error)
             else:
-                self._fail(env_id, error_for(env_id))
+                self._fail(env_id, error)
 
     # ---- sending
 
-    def _send(self, worker: _Worker, kind: str, request: Any) -> bool:
+    def _send(self, worker: WorkerHandle, kind: str, request: Any) -> bool:
         """Send one request (after reading the worker's last reply); False if the
         worker is dead, whose sub-envs then fail in the next poll."""
         if worker.in_flight is not None or worker.unread is not None:
@@ -544,7 +367,7 @@ class SubprocessVectorEnv(BaseEnv):
             return False
         start = perf_counter()
         try:
-            worker.in_flight = _InFlight(kind, request, monotonic())
+            worker.in_flight = InFlight(kind, request, monotonic())
             send(worker.conn, ("reset" if kind == "start" else kind, request))
         except OSError:
             self._lose(worker)
@@ -561,7 +384,7 @@ class SubprocessVectorEnv(BaseEnv):
 
     def _send_step(
         self,
-        worker: _Worker,
+        worker: WorkerHandle,
         request: list[tuple[EnvID, MultiAgentDict]],
         pending: dict[EnvID, MultiAgentDict] | None = None,
     ) -> None:
@@ -569,26 +392,16 @@ class SubprocessVectorEnv(BaseEnv):
 
         Sub-envs of a recreated worker that were not reset since fail instead.
         """
-        stale = self._stale
-        if stale:
-            for env_id, _ in request:
-                if env_id in stale:
-                    self._fail(
-                        env_id,
-                        EnvError(
-                            f"sub-env {env_id} was recreated with its worker {worker.index} (after "
-                            "another of its sub-envs failed) and stepped without a reset; its "
-                            "episode is dropped"
-                        ),
-                    )
-            request = [item for item in request if item[0] not in stale]
+        request, stale = self._restarts.split_stale(request, worker.index)
+        for env_id, error in stale:
+            self._fail(env_id, error)
         if request and self._send(worker, "step", request):
             self.stats.step_requests += 1
         if pending is not None:
             for env_id, _ in request:
                 pending.pop(env_id, None)
 
-    def _request(self, worker: _Worker, kind: str, env_id: EnvID) -> Any:
+    def _request(self, worker: WorkerHandle, kind: str, env_id: EnvID) -> Any:
         """One restart/render request and its reply; None (the worker marked dead) if it died."""
         if not self._send(worker, kind, env_id):
             return None
@@ -635,17 +448,17 @@ class SubprocessVectorEnv(BaseEnv):
         poll, self._ready = self._ready, _empty_poll()
         return poll
 
-    def _deadline(self, worker: _Worker) -> float:
+    def _deadline(self, worker: WorkerHandle) -> float:
         """When the worker's current env call (or the request) runs out of time."""
         assert worker.in_flight is not None and self.step_timeout_s is not None
         return max(worker.in_flight.sent_at, worker.progress[1]) + self.step_timeout_s
 
-    def _wait_s(self, workers: list[_Worker]) -> float | None:
+    def _wait_s(self, workers: list[WorkerHandle]) -> float | None:
         if self.step_timeout_s is None:
             return None
         return max(min(self._deadline(w) for w in workers) - monotonic(), 0.0)
 
-    def _time_out_if_late(self, worker: _Worker) -> bool:
+    def _time_out_if_late(self, worker: WorkerHandle) -> bool:
         """Kill the worker if its env call ran out of time; True if it did."""
         if self.step_timeout_s is None or worker.in_flight is None:
             return False
@@ -654,19 +467,13 @@ class SubprocessVectorEnv(BaseEnv):
         in_flight = worker.in_flight
         hung_id = int(worker.progress[0])
         call = "reset" if in_flight.kind in ("start", "reset") else in_flight.kind
-        limit = f"sub_env_step_timeout_s={self.step_timeout_s:g}"
-        if hung_id >= 0:
-            reason = (
-                f"sub-env {hung_id} took longer than {limit} s in {call} (or the reset after "
-                f"its last step); its {worker.describe()} was killed"
-            )
-        else:
-            reason = f"{worker.describe()} did not answer a {call} request within {limit} s; killed"
-            hung_id = in_flight.request[0][0] if isinstance(in_flight.request, list) else None
-        self._lose(worker, reason, hung=hung_id if hung_id is not None else -1)
+        reason = timeout_reason(hung_id, call, self.step_timeout_s, worker.describe())
+        if hung_id < 0:
+            hung_id = in_flight.request[0][0] if isinstance(in_flight.request, list) else -1
+        self._lose(worker, reason, hung=hung_id)
         return True
 
-    def _collect(self, worker: _Worker) -> None:
+    def _collect(self, worker: WorkerHandle) -> None:
         """Read the worker's outstanding reply (waiting at most until its deadline)
         and enter it: step results into the next poll's, reset results for try_reset."""
         if worker.unread is None:
@@ -700,7 +507,7 @@ class SubprocessVectorEnv(BaseEnv):
         worker.unread = None
         self.stats.parent_ipc_s += perf_counter() - start
 
-    def _enter(self, worker: _Worker, in_flight: _InFlight, reply: Any) -> None:
+    def _enter(self, worker: WorkerHandle, in_flight: InFlight, reply: Any) -> None:
         """Enter one reply; may run twice for one reply (after an interruption), so
         it only assigns."""
         kind = in_flight.kind
@@ -769,40 +576,21 @@ class SubprocessVectorEnv(BaseEnv):
         Bad output without restarts is raised: at once (`raise_bad`), or by
         the poll that is reading this round's replies.
         """
-        if self._restart_failed:
-            self._crashed.add(env_id)
+        self._restarts.failed(env_id)
         if isinstance(result, Crash):
             return result.error
         error = EnvError(result.message)
-        if not self._restart_failed:
+        if not self._restarts.restart_failed:
             if raise_bad:
                 raise error
             self._bad_output = self._bad_output or error
         return error
 
-    def _note_recreated(self, env_ids: list[EnvID]) -> None:
+    def _note_recreated(self, env_ids: list[EnvID], unreset: list[EnvID] = ()) -> None:
+        self._restarts.recreated(env_ids, unreset)
         for env_id in env_ids:
-            self._seeds.recreated(env_id)
-            self._crashed.discard(env_id)
             self._prefetched.pop(env_id, None)
             self._reset_replies.pop(env_id, None)
-
-
-def _worker_cpus(num_workers: int) -> list[int | None]:
-    """The CPU to pin each worker to: distinct CPUs among those this process
-    may use, when the workers (and this process) fill them; else None for all.
-
-    Only then do workers contend for CPUs (the case pinning helps with). On
-    a bigger machine, possibly shared by several runners, pinning every
-    runner's workers to the same first CPUs would be harmful.
-    """
-    try:
-        allowed = sorted(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return [None] * num_workers
-    if not max(num_workers, 2) <= len(allowed) <= num_workers + 1:
-        return [None] * num_workers
-    return allowed[:num_workers]
 
 
 def _empty_poll() -> PollResult:

@@ -1,16 +1,4 @@
-"""The worker-process side of SubprocessVectorEnv, and the protocol both sides speak.
-
-Requests are pickled `(command, payload)` tuples; every request gets exactly
-one pickled reply, in request order, so parent and worker never get out of
-step. Per sub-env results are the env's own result (a step's as a list), a
-`Crash` or a `Malformed`.
-
-A step reply is `(new_block_name, results, resets, env_s, busy_s)`: after a
-step that ended its episode (`"__all__"` terminated or truncated) the worker
-resets that sub-env at once, unseeded, and ships the reset result in
-`resets` (env_id -> result), saving the parent a round trip; `env_s` is the
-time spent inside the envs' `step`/`reset`, `busy_s` the time from reading
-the request to sending the reply (pickling it excluded).
+"""The worker-process side of SubprocessVectorEnv (the protocol: `subprocess_protocol`).
 
 While a worker is inside a sub-env's `step` or `reset` it keeps
 `(env_id, monotonic start time)` in a shared `progress` array (`-1` when
@@ -21,12 +9,9 @@ sub-env that hung. A worker whose parent is gone exits quietly.
 from __future__ import annotations
 
 import os
-import pickle
 import signal
 import time
-import traceback
 from collections.abc import Callable, MutableSequence, Sequence
-from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -35,45 +20,7 @@ from marl_runner.envs.checks import EnvOutputCheck, check_reset_result, check_st
 from marl_runner.envs.errors import EnvError
 from marl_runner.envs.multi_agent_env import MultiAgentDict, MultiAgentEnv
 from marl_runner.envs.shared_obs import SharedObsWriter
-
-
-@dataclass
-class Crash:
-    """A sub-env raised; `error` is the exception, made picklable."""
-
-    error: Exception
-
-
-@dataclass
-class Malformed:
-    """A sub-env returned data that breaks the MultiAgentEnv contract."""
-
-    message: str
-
-
-def send(conn: Connection, message: Any) -> None:
-    conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
-
-
-def receive(conn: Connection) -> Any:
-    return pickle.loads(conn.recv_bytes())
-
-
-def _portable(error: BaseException, where: str) -> Exception:
-    """`error` with its traceback text as a note, or an EnvError copy of it if
-    it would not survive pickling (the parent never sees the original)."""
-    note = f"raised in {where}:\n{''.join(traceback.format_exception(error))}"
-    try:
-        copy = pickle.loads(pickle.dumps(error))
-    except Exception:
-        copy = None
-    if not isinstance(copy, Exception):
-        copy = EnvError(f"{where} raised {type(error).__name__}: {error}")
-    try:
-        copy.__notes__ = [*getattr(copy, "__notes__", []), note]
-    except AttributeError:
-        pass  # an exception type that forbids new attributes just loses the note
-    return copy
+from marl_runner.envs.subprocess_protocol import Crash, Malformed, portable, receive, send
 
 
 class _SubEnvs:
@@ -113,7 +60,7 @@ class _SubEnvs:
         except EnvError as error:
             return Malformed(str(error))
         except BaseException as error:  # KeyboardInterrupt, SystemExit too: the env's doing
-            return Crash(_portable(error, self.where(env_id)))
+            return Crash(portable(error, self.where(env_id)))
         finally:
             progress[0] = -1.0
         return [obs_writer.pack(obs), rewards, terminateds, truncateds, infos]
@@ -135,7 +82,7 @@ class _SubEnvs:
         except EnvError as error:
             return Malformed(str(error))
         except BaseException as error:
-            return Crash(_portable(error, self.where(env_id)))
+            return Crash(portable(error, self.where(env_id)))
         finally:
             progress[0] = -1.0
         return obs_writer.pack(obs), infos
@@ -208,7 +155,7 @@ def worker_main(
             sub_envs.create(env_id)
         except Exception as error:
             where = f"creating sub-env {env_id} (worker {worker_index})"
-            _send_quietly(conn, Crash(_portable(error, where)))
+            _send_quietly(conn, Crash(portable(error, where)))
             return
     if not _send_quietly(conn, "ready"):
         return
@@ -258,14 +205,14 @@ def _serve(conn: Connection, sub_envs: _SubEnvs, obs_writer: SharedObsWriter) ->
                 reply = None
             except Exception as error:
                 reply = Crash(
-                    _portable(error, f"recreating sub-env {payload} (worker {worker_index})")
+                    portable(error, f"recreating sub-env {payload} (worker {worker_index})")
                 )
         elif command == "render":
             try:
                 reply = envs[payload].render()
             except Exception as error:
                 reply = Crash(
-                    _portable(error, f"rendering sub-env {payload} (worker {worker_index})")
+                    portable(error, f"rendering sub-env {payload} (worker {worker_index})")
                 )
         else:  # "close"
             for env_id, env in envs.items():

@@ -1,0 +1,217 @@
+"""SubprocessVectorEnv's worker processes: starting, pinning, handles, shutting down,
+and where their time goes."""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing as mp
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from time import monotonic
+from typing import Any
+
+from marl_runner.envs.base_env import EnvID
+from marl_runner.envs.errors import EnvError
+from marl_runner.envs.multi_agent_env import MultiAgentEnv
+from marl_runner.envs.shared_obs import SharedObsReader, unlink_blocks
+from marl_runner.envs.subprocess_protocol import receive, send
+from marl_runner.envs.subprocess_worker import worker_main
+
+# Never "fork": the parent usually holds torch threads, which a fork can deadlock.
+START_METHOD = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+SHUTDOWN_TIMEOUT_S = 5.0
+_pools_made = itertools.count()
+
+
+@dataclass
+class InFlight:
+    """A request whose reply is still to be read; one per worker at a time (the
+    worker reuses its shared-memory block for the next reply)."""
+
+    #: "start" (first resets), "step", "reset", "restart" or "render".
+    kind: str
+    #: step/start/reset: `[(env_id, ...), ...]`; restart/render: the env_id.
+    request: Any
+    sent_at: float
+
+
+@dataclass
+class SubprocessStats:
+    """Where a SubprocessVectorEnv's time went, summed since creation (or the last
+    `reset_stats`). Times in seconds; worker times summed over workers."""
+
+    #: `poll` calls after the first.
+    polls: int = 0
+    #: Step requests sent (one per worker per poll in the default mode).
+    step_requests: int = 0
+    #: Sub-env steps whose results came back.
+    env_steps: int = 0
+    #: Resets answered from the reset obs a worker sent with the episode's last step.
+    prefetched_resets: int = 0
+    #: Resets that needed their own round trip (the first reset, after crashes,
+    #: explicit seed/options, restarts).
+    reset_round_trips: int = 0
+    #: Parent blocked waiting for replies (`recv` of step and reset replies, `wait`).
+    parent_wait_s: float = 0.0
+    #: Parent pickling requests and unpickling / copying out replies.
+    parent_ipc_s: float = 0.0
+    #: Workers inside their envs' `step`/`reset` during step requests.
+    worker_env_s: float = 0.0
+    #: Workers handling step requests, from reading one to sending its reply
+    #: (minus `worker_env_s`: unpickling actions, packing obs, bookkeeping).
+    worker_busy_s: float = 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+class WorkerHandle:
+    """The parent's handle on one worker process and the sub-envs it runs."""
+
+    def __init__(
+        self,
+        index: int,
+        env_ids: list[EnvID],
+        process: BaseProcess,
+        conn: Connection,
+        block_prefix: str,
+        progress: Any,
+    ) -> None:
+        self.index = index
+        self.env_ids = env_ids
+        self.process = process
+        self.conn = conn
+        self.block_prefix = block_prefix
+        #: `[env_id or -1, monotonic start]` of the env call the worker is in.
+        self.progress = progress
+        self.obs_reader = SharedObsReader()
+        self.alive = True
+        self.in_flight: InFlight | None = None
+        #: A reply read but not yet entered (an interruption came in between).
+        self.unread: tuple[InFlight, bytes] | None = None
+        #: The reply to the last restart/render request.
+        self.reply: Any = None
+
+    def describe(self) -> str:
+        return f"worker {self.index} (pid {self.process.pid}) running sub-envs {self.env_ids}"
+
+    def kill(self) -> None:
+        """End the process however it is, reap it, free its pipe and shared memory."""
+        self.alive = False
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join(timeout=SHUTDOWN_TIMEOUT_S)
+        self.conn.close()
+        self.obs_reader.detach()
+        unlink_blocks(self.block_prefix)
+
+    def shut_down(self) -> None:
+        """Ask the worker to close its envs and exit; kill it if it does not in time."""
+        try:
+            if self.alive:
+                self.alive = False
+                deadline = monotonic() + SHUTDOWN_TIMEOUT_S
+                try:
+                    send(self.conn, ("close", None))
+                    # Replies come in request order: an unread reply precedes the close's.
+                    for _ in range(2 if self.in_flight is not None else 1):
+                        if not self.conn.poll(max(deadline - monotonic(), 0.0)):
+                            break
+                        self.conn.recv_bytes()
+                except (OSError, EOFError):
+                    pass  # already gone
+                self.process.join(timeout=max(deadline - monotonic(), 0.1))
+        finally:
+            self.kill()
+
+
+class WorkerLauncher:
+    """Starts workers for one vector env: each with its sub-envs, its CPU and a
+    fresh shared-memory name prefix (so a killed worker's blocks can be freed)."""
+
+    def __init__(
+        self,
+        make_one: Callable[[int], MultiAgentEnv],
+        num_workers: int,
+        pin_workers: bool,
+        check_spaces: bool,
+    ) -> None:
+        self._make_one = make_one
+        self._check_spaces = check_spaces
+        self._context = mp.get_context(START_METHOD)
+        if START_METHOD == "forkserver":
+            # Workers fork from a server that imported this package once,
+            # instead of each importing numpy, pettingzoo (and torch) anew.
+            self._context.set_forkserver_preload([worker_main.__module__])
+        self._block_prefix = f"mr{os.getpid()}v{next(_pools_made)}"
+        self._launches = itertools.count()
+        self._cpus = worker_cpus(num_workers) if pin_workers else [None] * num_workers
+
+    def launch(self, index: int, env_ids: list[EnvID]) -> WorkerHandle:
+        parent_conn, child_conn = self._context.Pipe()
+        block_prefix = f"{self._block_prefix}w{index}g{next(self._launches)}b"
+        progress = self._context.RawArray("d", [-1.0, 0.0])
+        process = self._context.Process(
+            target=worker_main,
+            args=(
+                child_conn,
+                self._make_one,
+                env_ids,
+                index,
+                self._cpus[index],
+                block_prefix,
+                progress,
+                self._check_spaces,
+            ),
+            name=f"marl-runner-env-worker-{index}",
+            daemon=True,
+        )
+        process.start()
+        child_conn.close()
+        return WorkerHandle(index, env_ids, process, parent_conn, block_prefix, progress)
+
+
+def await_ready(worker: WorkerHandle) -> None:
+    """Wait for the worker to have built its sub-envs; raise EnvError saying why not."""
+    try:
+        reply = receive(worker.conn)
+    except (EOFError, OSError):
+        worker.kill()
+        raise EnvError(
+            f"{worker.describe()} died (exit code {worker.process.exitcode}) before "
+            "creating its sub-envs; see its stderr. A script that starts worker processes "
+            "must guard its entry point with `if __name__ == '__main__':`, and cannot be "
+            "read from stdin"
+        ) from None
+    if reply != "ready":
+        raise EnvError(
+            f"worker {worker.index} could not create its sub-envs {worker.env_ids}: {reply.error}"
+        ) from reply.error
+
+
+def shut_down_all(workers: list[WorkerHandle]) -> None:
+    for worker in workers:
+        try:
+            worker.shut_down()
+        except Exception:  # one worker's trouble must not leave the others running
+            continue
+
+
+def worker_cpus(num_workers: int) -> list[int | None]:
+    """The CPU to pin each worker to: distinct CPUs among those this process
+    may use, when the workers (and this process) fill them; else None for all.
+
+    Only then do workers contend for CPUs (the case pinning helps with). On
+    a bigger machine, possibly shared by several runners, pinning every
+    runner's workers to the same first CPUs would be harmful.
+    """
+    try:
+        allowed = sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return [None] * num_workers
+    if not max(num_workers, 2) <= len(allowed) <= num_workers + 1:
+        return [None] * num_workers
+    return allowed[:num_workers]
