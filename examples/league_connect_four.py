@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import math
 import sys
 import time
@@ -44,12 +43,11 @@ if str(REPO) not in sys.path:  # run as a script: make `examples.*` importable
 
 from examples.selfplay_connect_four import (  # noqa: E402
     SEATS,
+    WinRatePlot,
     build_parser,
-    final_matches,
     finish_args,
-    match_vs_random,
-    plot_win_rates,
-    print_matches,
+    finish_run,
+    vs_random_during_training,
 )
 from examples.train_ppo import STAT_KEYS, make_config, ppo_update, require_matplotlib  # noqa: E402
 from marl_runner import Callbacks, EnvRunner, RunnerConfig, TorchPolicy  # noqa: E402
@@ -246,14 +244,9 @@ def main(
                 "vs_random_win": math.nan,
                 **stats,
             }
-            if args.eval_every and iteration % args.eval_every == 0:
-                row["vs_random_win"] = match_vs_random(
-                    config,
-                    learner.get_weights(),
-                    args.eval_games_during,
-                    explore=True,
-                    seed=args.seed + 1000 * iteration,
-                )["win"]
+            match = vs_random_during_training(config, args, learner, iteration)
+            if match is not None:
+                row["vs_random_win"] = match["win"]
             progress.writerow(row)
             progress_file.flush()
             rows.append(row)
@@ -270,10 +263,6 @@ def main(
         runner.stop()
     train_wall_s = time.perf_counter() - start
 
-    final = final_matches(
-        config, learner.get_weights(), untrained_weights, args.eval_games, args.seed + 10_000
-    )
-    print_matches(final)
     summary = {
         "config": str(args.config),
         "env_steps": env_steps,
@@ -282,25 +271,22 @@ def main(
         "pool": list(matchmaker.pool),
         "train_wall_s": round(train_wall_s, 1),
         "sps": round(env_steps / train_wall_s, 1),
-        "vs_random": final,
     }
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    plot_win_rates(
-        rows,
-        run_dir / "win_rate_vs_pool.png",
+    plot = WinRatePlot(
+        "win_rate_vs_pool.png",
         {
             "win % vs the pool": "pool_win",
             "loss % vs the pool": "pool_loss",
             f"win % vs RandomPolicy ({args.eval_games_during} games)": "vs_random_win",
         },
         {
-            "untrained vs RandomPolicy, sampled": final["untrained_sampled"]["win"],
-            "trained vs RandomPolicy, sampled": final["trained_sampled"]["win"],
+            "untrained vs RandomPolicy, sampled": "untrained_sampled",
+            "trained vs RandomPolicy, sampled": "trained_sampled",
         },
-        title="Connect Four league: the learner against its pool of snapshots",
+        "Connect Four league: the learner against its pool of snapshots",
     )
-    print(json.dumps(summary, indent=2))
-    return summary
+    weights = (learner.get_weights(), untrained_weights)
+    return finish_run(config, args, weights, run_dir, rows, summary, plot)
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -334,6 +334,54 @@ def plot_win_rates(
     )
 
 
+class WinRatePlot(NamedTuple):
+    """What ``finish_run`` draws: ``lines`` (label -> progress column) and ``baselines``
+    (label -> final match name, e.g. ``trained_sampled``) as win percentages."""
+
+    file_name: str
+    lines: dict[str, str]
+    baselines: dict[str, str]
+    title: str
+
+
+def vs_random_during_training(
+    config: RunnerConfig, args: argparse.Namespace, learner: TorchPolicy, iteration: int
+) -> dict[str, Any] | None:
+    """Every ``--eval-every`` iterations, ``--eval-games-during`` sampled-move games against
+    RandomPolicy (seeded per iteration); None in between or with ``--eval-every 0``."""
+    if not args.eval_every or iteration % args.eval_every:
+        return None
+    return match_vs_random(
+        config,
+        learner.get_weights(),
+        args.eval_games_during,
+        explore=True,
+        seed=args.seed + 1000 * iteration,
+    )
+
+
+def finish_run(
+    config: RunnerConfig,
+    args: argparse.Namespace,
+    weights: tuple[dict[str, Any], dict[str, Any]],
+    run_dir: Path,
+    rows: list[dict[str, Any]],
+    summary: dict[str, Any],
+    plot: WinRatePlot,
+) -> dict[str, Any]:
+    """The run's tail, shared with the league: the final matches of the (trained, untrained)
+    ``weights`` against RandomPolicy, ``summary`` plus them as summary.json (written before
+    the plot), the win-rate plot, the summary printed; returns the summary."""
+    final = final_matches(config, *weights, args.eval_games, args.seed + 10_000)
+    print_matches(final)
+    summary = {**summary, "vs_random": final}
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    baselines = {label: final[match]["win"] for label, match in plot.baselines.items()}
+    plot_win_rates(rows, run_dir / plot.file_name, plot.lines, baselines, title=plot.title)
+    print(json.dumps(summary, indent=2))
+    return summary
+
+
 # ---------------------------------------------------------------- training
 
 
@@ -398,14 +446,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "vs_random_win": math.nan,
                 "vs_random_loss": math.nan,
             }
-            if args.eval_every and iteration % args.eval_every == 0:
-                match = match_vs_random(
-                    config,
-                    learner.get_weights(),
-                    args.eval_games_during,
-                    explore=True,
-                    seed=args.seed + 1000 * iteration,
-                )
+            match = vs_random_during_training(config, args, learner, iteration)
+            if match is not None:
                 row["vs_random_win"], row["vs_random_loss"] = match["win"], match["loss"]
             progress.writerow(row)
             progress_file.flush()
@@ -426,10 +468,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         runner.stop()
     train_wall_s = time.perf_counter() - start
 
-    final = final_matches(
-        config, learner.get_weights(), untrained_weights, args.eval_games, args.seed + 10_000
-    )
-    print_matches(final)
     summary = {
         "config": str(args.config),
         "env_steps": env_steps,
@@ -437,23 +475,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "iterations": iteration,
         "train_wall_s": round(train_wall_s, 1),
         "sps": round(env_steps / train_wall_s, 1),
-        "vs_random": final,
     }
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    plot_win_rates(
-        rows,
-        run_dir / "learning_curve.png",
+    plot = WinRatePlot(
+        "learning_curve.png",
         {f"sampled moves, {args.eval_games_during} games": "vs_random_win"},
         {
-            "untrained, sampled": final["untrained_sampled"]["win"],
-            "untrained, greedy": final["untrained_greedy"]["win"],
-            "trained, sampled": final["trained_sampled"]["win"],
-            "trained, greedy": final["trained_greedy"]["win"],
+            f"{who}, {mode}": f"{who}_{mode}"
+            for who in ("untrained", "trained")
+            for mode in ("sampled", "greedy")
         },
-        title="Connect Four self-play PPO: win % against RandomPolicy",
+        "Connect Four self-play PPO: win % against RandomPolicy",
     )
-    print(json.dumps(summary, indent=2))
-    return summary
+    weights = (learner.get_weights(), untrained_weights)
+    return finish_run(config, args, weights, run_dir, rows, summary, plot)
 
 
 if __name__ == "__main__":
