@@ -59,12 +59,13 @@ class SampleBatch(dict):
         return SampleBatch({k: _index_column(v, index) for k, v in self.items()})
 
     def to_torch(self, device: Any = "cpu") -> dict[str, Any]:
-        """Numeric columns as torch tensors on ``device``; object columns kept as they are."""
+        """Numeric columns as torch tensors on ``device``; object and string columns kept as
+        they are."""
         import torch
 
         out: dict[str, Any] = {}
         for key, column in self.items():
-            if isinstance(column, np.ndarray) and column.dtype != object:
+            if isinstance(column, np.ndarray) and column.dtype.kind in "biuf":
                 out[key] = torch.as_tensor(column, device=device)
             else:
                 out[key] = column

@@ -181,3 +181,10 @@ def test_multi_agent_batches_concat_with_dict_columns() -> None:
     both = concat_samples([one, one])
     assert len(both.policy_batches["p"]) == 10
     assert both.policy_batches["p"]["obs"]["observation"].shape == (10, 3)
+
+
+def test_to_torch_keeps_string_columns() -> None:
+    """Regression: a str column (agent ids) made to_torch raise."""
+    out = dict_obs_batch().to_torch()
+    assert out["agent_id"].tolist() == ["a0", "a1", "a2", "a3", "a4"]
+    assert out["actions"].dtype == torch.int64
