@@ -6,6 +6,8 @@ import hashlib
 import json
 import os
 import pickle
+import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,7 +22,6 @@ from helpers_runner_connectors import (
     perturbed_weights,
 )
 
-import marl_runner.checkpoint as checkpoint_module
 from marl_runner import EnvRunner, TorchPolicy
 from marl_runner.checkpoint import (
     FORMAT_NAME,
@@ -96,13 +97,12 @@ def test_saving_again_replaces_the_checkpoint_atomically(tmp_path, monkeypatch):
         second = path.read_bytes()
         assert second != first
 
-        real_encode = checkpoint_module._encode_file
-
-        def crash(payload, target):
-            real_encode(payload, target)
+        def crash(source, target):  # interrupted after the temp file is written in full
+            assert load_checkpoint(source) and Path(source).read_bytes() != second
             raise KeyboardInterrupt
 
-        monkeypatch.setattr(checkpoint_module, "_encode_file", crash)
+        monkeypatch.setattr(os, "replace", crash)
+        runner.sample()
         with pytest.raises(KeyboardInterrupt):
             save_checkpoint(runner, path)
     assert path.read_bytes() == second  # the old checkpoint is intact
@@ -179,7 +179,7 @@ def test_a_crafted_pickle_payload_never_runs(tmp_path):
         restore_checkpoint(evil)
     # The same payload behind a valid header and checksum: still only JSON and raw bytes.
     header = json.dumps({"format": FORMAT_NAME, "version": FORMAT_VERSION}).encode()
-    body = checkpoint_module._PREFIX.pack(b"MARLCKPT", FORMAT_VERSION, len(header)) + header
+    body = struct.pack("<8sIQ", b"MARLCKPT", FORMAT_VERSION, len(header)) + header
     body += pickle.dumps(Payload(str(marker)))
     evil.write_bytes(body + hashlib.sha256(body).digest())
     with pytest.raises(CheckpointError, match="header has no 'config' field"):

@@ -128,6 +128,7 @@ NESTED = {"policies": {"p": {}}}
         ({"version": "2"}, "header version '2' is not supported"),
         ({"extra": 1}, "unknown fields ['extra']"),
         ({"policies": {"p": []}}, "field policies.p is the list"),
+        ({"policies": {"__tuple__": []}}, "field policies is the object {'__tuple__': []}"),
         ({"policies": {"p": {"weights": {}}}}, "field policies.p has no 'agent_connectors'"),
         (
             {"policies": {"p": {"weights": {}, "agent_connectors": {}, "action_connectors": []}}},
