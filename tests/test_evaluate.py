@@ -9,9 +9,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers_runner_connectors import one_torch_thread  # noqa: F401 (a fixture)
+from helpers_runner_connectors import (
+    FILTER,
+    filter_of,
+    one_torch_thread,  # noqa: F401 (a fixture)
+)
 from PIL import Image
 
+import marl_runner.checkpoint
 from examples import train_ppo
 from marl_runner import EnvRunner, RunnerConfig, save_checkpoint
 from marl_runner.cli_common import CommandError
@@ -113,6 +118,31 @@ def test_render_on_an_env_without_rgb_arrays_is_a_clear_error(tmp_path, capsys):
         assert evaluate_cli([str(checkpoint), "--render", str(tmp_path / "x.gif")]) == 2
         assert message in capsys.readouterr().err
         assert not (tmp_path / "x.gif").exists()
+
+
+def test_evaluation_does_not_update_observation_filter_statistics(tmp_path, monkeypatch):
+    """Evaluating measures the policy as saved: its MeanStd filter normalises with the saved
+    statistics and learns nothing from the evaluation episodes."""
+    data = {
+        "env": {"name": "evaluate-cheap", "config": {"num_agents": 2, "episode_len": 4}},
+        "policies": {"shared": {"model": {"hidden": [4]}, "agent_connectors": [FILTER]}},
+    }
+    with EnvRunner(RunnerConfig.from_dict(data)) as runner:
+        runner.sample()  # statistics from training rounds
+        saved_stats = filter_of(runner, "shared").get_state()
+        checkpoint = save_checkpoint(runner, tmp_path / "filtered.ckpt")
+    assert saved_stats["count"] > 0
+    restored: list[EnvRunner] = []
+
+    def spy(*args: Any, **kwargs: Any) -> EnvRunner:
+        restored.append(real_restore(*args, **kwargs))
+        return restored[-1]
+
+    real_restore = marl_runner.checkpoint.restore_checkpoint
+    monkeypatch.setattr(marl_runner.checkpoint, "restore_checkpoint", spy)
+    result = evaluate_checkpoint(checkpoint, episodes=3)
+    assert len(result.episodes) == 3 and [e.length for e in result.episodes] == [4, 4, 4]
+    assert filter_of(restored[0], "shared").get_state() == saved_stats
 
 
 def test_import_paths_from_the_file_need_trusted_or_allow(tmp_path, capsys):
