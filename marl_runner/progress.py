@@ -132,7 +132,7 @@ class _LiveBar(ProgressReporter):
         )
         self._progress.__enter__()
         self._task = self._progress.add_task(
-            "sampling", total=self.target, episodes=_episodes(SampleCounts(), " • "), rate=0.0
+            "sampling", total=self.target, episodes="", rate=0.0
         )
         return self
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import io
+import re
 import sys
 import types
 from collections.abc import Iterator
@@ -433,3 +434,28 @@ def test_metrics_table_lists_custom_metrics(capsys: pytest.CaptureFixture) -> No
     out = capsys.readouterr().out
     for name in ("archer_kills", "knight_kills", "agents_lost"):
         assert f"custom_metrics[{name}]" in out
+
+
+def test_progress_line_and_table_report_one_throughput(
+    tmp_path: Path, fake_runner: type[FakeRunner], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 21: the progress line and the final table count the same steps over the same
+    time (the batches' steps; the sampling time, runner build excluded)."""
+    fake_runner.script = [FakeSample(env_steps=10)]  # batches of 10 env steps, 2 agent steps
+    args = ["sample", str(write_config(tmp_path)), "--steps", "40", "--progress-interval", "0"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    last = [line for line in out.splitlines() if line.startswith("sampling:")][-1]
+    assert last.startswith("sampling: 40/40 env steps (100%)")
+    env_rate = re.search(r"([\d,]+) env steps/s", last).group(1)
+    agent_rate = re.search(r"([\d,]+) agent steps/s", last).group(1)
+    assert table_value(out, "env steps") == "40" and table_value(out, "agent steps") == "8"
+    assert table_value(out, "env steps/s") == env_rate
+    assert table_value(out, "agent steps/s") == agent_rate
+    assert "(runner build excluded), as in the progress line" in " ".join(out.split())
+
+
+def test_sample_counts_rates_over_the_sampling_time() -> None:
+    counts = SampleCounts(env_steps=300, agent_steps=900, elapsed_s=1.5)
+    assert counts.env_steps_per_s() == 200.0 and counts.agent_steps_per_s() == 600.0
+    assert SampleCounts().env_steps_per_s() == 0.0

@@ -116,3 +116,29 @@ def test_a_broken_record_names_its_line(tmp_path, capsys) -> None:
     log = tmp_path / "metrics.jsonl"
     log.write_text('{"env_steps": 10}\n{"env_steps": \n{"env_steps": 30}\n')
     assert f"{log}:2: not a JSON record" in plot_error([str(log)], capsys)
+
+
+def test_a_sampling_log_is_drawn_with_a_no_training_note(run_dir, tmp_path, capsys) -> None:
+    """Issue 21: a `sample` log's reward curve is a fixed policy's spread, not learning."""
+    out = tmp_path / "curve.png"
+    assert main(["plot", str(run_dir), "--out", str(out)]) == 0
+    stdout = capsys.readouterr().out
+    note = next(line for line in stdout.splitlines() if line.startswith("note:"))
+    assert "records no training" in note and "policy_loss" in note and "not learning" in note
+    assert_png(out)
+
+
+def test_a_training_run_gets_no_note(tmp_path, capsys) -> None:
+    (tmp_path / "progress.csv").write_text(
+        "iteration,env_steps,episode_reward_mean,archer/policy_loss\n1,800,-70.5,0.3\n"
+        "2,1600,-66.0,0.2\n"
+    )
+    assert main(["plot", str(tmp_path)]) == 0
+    assert "note:" not in capsys.readouterr().out
+
+
+def test_has_training() -> None:
+    from marl_runner.cli.plot import has_training
+
+    assert has_training(["env_steps", "lr"]) and has_training(["knight/value_loss"])
+    assert not has_training(["env_steps", "episode_reward_mean", "perf/mean_inference_ms"])

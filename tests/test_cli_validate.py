@@ -348,3 +348,38 @@ def test_ready_made_policy_with_box_actions_for_a_discrete_env() -> None:
     assert info.value.key == "policies.knight"
     for word in ("'knight'", "Box(-1.0, 1.0, (2,), float32)", "Discrete(5)"):
         assert word in str(info.value)
+
+
+PISTONBALL = str(EXAMPLES / "pistonball.yaml")
+
+
+def test_warns_when_images_feed_an_mlp(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 21: 64x64x4 uint8 frames into an MLP used to validate silently."""
+    assert main(["validate", PISTONBALL, "--set", "policies.shared.model={type: mlp}"]) == 0
+    out = capsys.readouterr().out
+    warning = next(line for line in out.splitlines() if line.startswith("warning:"))
+    for words in ("policy 'shared'", "Box(0, 255, (64, 64, 4), uint8)", "mlp", "16,384 inputs"):
+        assert words in warning, warning
+    assert "policies.shared.model.type: cnn" in out and "config OK" in out
+
+
+def test_no_image_warning_for_a_cnn(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", PISTONBALL]) == 0
+    assert "warning:" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("space", "image"),
+    [
+        (gym.spaces.Box(0, 255, (84, 84, 3), np.uint8), True),
+        (gym.spaces.Box(0, 255, (32, 40, 1), np.uint8), True),
+        (gym.spaces.Box(0, 255, (31, 84, 3), np.uint8), False),  # too small to be a picture
+        (gym.spaces.Box(0, 255, (84, 84, 2), np.uint8), False),  # 2 channels: not an image
+        (gym.spaces.Box(0.0, 1.0, (84, 84, 3), np.float32), False),
+        (gym.spaces.Box(0, 255, (84, 84), np.uint8), False),
+    ],
+)
+def test_image_shaped_boxes(space: gym.Space, image: bool) -> None:
+    from marl_runner.cli.validate import is_image_shaped
+
+    assert is_image_shaped(space) is image
