@@ -196,6 +196,7 @@ def _check_connectors(spec: Any, key: str, kind: str) -> list[str | dict[str, An
 
 
 def check_chain(items: list[Any], key: str, kind: str, *, import_paths: bool) -> None:
+    """The connector registry's checks of a chain, as a ``ConfigError`` at the item's key."""
     try:
         check_spec_list(items, kind, import_paths=import_paths)  # type: ignore[arg-type]
     except ConnectorError as err:

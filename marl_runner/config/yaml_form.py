@@ -42,6 +42,7 @@ def plain(value: Any) -> Any:
 
 
 def parse_override(override: str) -> tuple[str, Any]:
+    """``"a.b=[1, 2]"`` -> ``("a.b", [1, 2])``: the value is YAML, as a config file would hold."""
     key, sep, text = override.partition("=")
     key = key.strip()
     if not sep or not key or any(not part for part in key.split(".")):
@@ -57,6 +58,7 @@ def parse_override(override: str) -> tuple[str, Any]:
 
 
 def set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
+    """Sets ``data[a][b] = value`` for ``key`` ``"a.b"``, making missing mappings on the way."""
     parts = key.split(".")
     node = data
     for depth, part in enumerate(parts[:-1]):
@@ -112,6 +114,7 @@ StrictLoader.add_constructor(
 
 
 def describe_yaml_error(exc: yaml.YAMLError) -> str:
+    """The problem and its line and column, without PyYAML's multi-line context."""
     mark = getattr(exc, "problem_mark", None)
     problem = getattr(exc, "problem", None) or str(exc)
     if mark is None:
