@@ -67,10 +67,11 @@ class SubEnvActor:
 class RayVectorEnv(BaseEnv):
     """Each sub-env is a Ray actor stepping on its own; `poll` never waits for all.
 
-    `send_actions` starts the listed sub-envs' steps at once; `poll` returns
-    the results of those that answered within `batch_wait_ms` (waiting for
-    at least one), so a slow sub-env never holds the fast ones back and each
-    policy's forward pass batches whoever is ready. Resets are asynchronous:
+    `send_actions` starts the listed sub-envs' steps at once; `poll` waits
+    until at least `num_envs_per_poll` of the sub-envs it waits on answered
+    (default 1), then returns those and whoever else answers within
+    `batch_wait_ms`, so a slow sub-env never holds the fast ones back and
+    each policy's forward pass batches whoever is ready. Resets are asynchronous:
     `try_reset` returns None and the reset obs arrive in a later poll (sub-env
     i's first reset is seeded `seed + i`, later ones unseeded, as under
     SyncVectorEnv). The first poll starts every sub-env's reset.
@@ -94,6 +95,8 @@ class RayVectorEnv(BaseEnv):
         num_cpus: Ray CPUs reserved per actor (0: envs share the CPUs freely).
         batch_wait_ms: how long `poll` waits for more sub-envs once one is ready.
         step_timeout_s: a step or reset slower than this is a fault; None: wait forever.
+        num_envs_per_poll: the fewest sub-envs a `poll` waits for (fewer when fewer
+            are stepping); `num_envs` waits for every sub-env; default 1.
     """
 
     def __init__(
@@ -105,12 +108,25 @@ class RayVectorEnv(BaseEnv):
         num_cpus: float = 0,
         batch_wait_ms: float = 0,
         step_timeout_s: float | None = 60.0,
+        num_envs_per_poll: int | None = None,
     ) -> None:
         if not isinstance(num_envs, int) or num_envs < 1:
             raise EnvError(f"num_envs {num_envs!r}: expected an int >= 1")
+        if num_envs_per_poll is None:
+            num_envs_per_poll = 1
+        if (
+            not isinstance(num_envs_per_poll, int)
+            or isinstance(num_envs_per_poll, bool)
+            or not 1 <= num_envs_per_poll <= num_envs
+        ):
+            raise EnvError(
+                f"num_envs_per_poll {num_envs_per_poll!r}: expected an int in "
+                f"[1, num_envs={num_envs}]"
+            )
         if not ray.is_initialized():
             ray.init(ignore_reinit_error=True)  # joins RAY_ADDRESS's cluster, else starts one
         self.num_envs = num_envs
+        self.num_envs_per_poll = num_envs_per_poll
         self._make_one = make_one
         self._seeds = ResetSeeds(seed, num_envs)
         self._restart_failed = restart_failed
@@ -240,12 +256,14 @@ class RayVectorEnv(BaseEnv):
             del self._pending[ref]
 
     def _ready_refs(self) -> list[ray.ObjectRef]:
-        """Whoever answers within the batch wait; at least one unless a request times out."""
+        """At least `num_envs_per_poll` answers (or every pending one) unless a request
+        times out first, plus whoever else answers within the batch wait."""
         refs = list(self._pending)
+        wanted = min(self.num_envs_per_poll, len(refs))
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=self._batch_wait_s)
-        if ready:
+        if len(ready) >= wanted:
             return ready
-        ready, _ = ray.wait(refs, num_returns=1, timeout=self._time_to_first_deadline())
+        ready, _ = ray.wait(refs, num_returns=wanted, timeout=self._time_to_first_deadline())
         if ready:  # sweep up whatever else is ready by now
             ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
         return ready

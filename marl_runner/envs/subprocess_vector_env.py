@@ -18,12 +18,9 @@ from marl_runner.envs.base_env import (
     PollResult,
     ResetSeeds,
     close_quietly,
-    put_failure,
-    put_reset,
 )
 from marl_runner.envs.errors import EnvError
 from marl_runner.envs.multi_agent_env import AgentID, MultiAgentDict, MultiAgentEnv
-from marl_runner.envs.shared_obs import SharedObs
 from marl_runner.envs.subprocess_pool import (
     InFlight,
     SubprocessStats,
@@ -32,7 +29,8 @@ from marl_runner.envs.subprocess_pool import (
     await_ready,
     shut_down_all,
 )
-from marl_runner.envs.subprocess_protocol import Crash, Malformed, send
+from marl_runner.envs.subprocess_protocol import Crash, send
+from marl_runner.envs.subprocess_replies import Replies
 from marl_runner.envs.subprocess_restarts import RestartBook, lost_worker_error, timeout_reason
 
 
@@ -44,15 +42,20 @@ class SubprocessVectorEnv(BaseEnv):
     results equal SyncVectorEnv's for the same seed (same seeding rule, same
     order), and so do a runner's batches.
 
-    Asynchronous protocol (`async_poll=True`): `send_actions` forwards each
-    worker its sub-envs' actions at once, and `poll` returns the results of
-    whichever workers are ready (waiting for at least one), so workers step
-    while the caller works on the others' results. Each sub-env still
-    appears in exactly one poll per action dict it was sent, and every
-    sub-env is seeded as under SyncVectorEnv; but which sub-envs share a
-    poll depends on timing, so a runner's batches (the grouping of rows into
-    rounds, episode ids, fragment boundaries) are not reproducible run to
-    run and differ from `sync`'s. Every batch invariant holds.
+    Async pools (`num_envs_per_poll` < `num_envs`, as EnvPool's and
+    PufferLib's batch size): `send_actions` forwards each worker its
+    sub-envs' actions at once, and `poll` returns as soon as the results of
+    at least `num_envs_per_poll` sub-envs are in (or every sub-env still
+    stepping has answered), with every result ready by then, so workers step
+    while the caller works on the others' results and a slow sub-env never
+    stalls the sub-envs of other workers (one worker per sub-env,
+    `num_workers=num_envs`, isolates each). Each sub-env still appears in
+    exactly one poll per action dict it was sent, and every sub-env is
+    seeded as under SyncVectorEnv; but which sub-envs share a poll depends
+    on timing, so a runner's batches (the grouping of rows into rounds,
+    episode ids, fragment boundaries) are not reproducible run to run and
+    differ from `sync`'s. Every batch invariant holds. `async_poll=True` is
+    the same as `num_envs_per_poll=1`.
 
     Resets: a worker resets a sub-env right after the step that ended its
     episode (`"__all__"` terminated or truncated), unseeded as SyncVectorEnv
@@ -112,7 +115,9 @@ class SubprocessVectorEnv(BaseEnv):
         restart_failed: recreate crashed sub-envs (and dead workers) before
             their next reset.
         num_workers: processes to use; default `min(num_envs, os.cpu_count())`.
-        async_poll: the asynchronous protocol (see above).
+        num_envs_per_poll: the fewest sub-envs a `poll` waits for (async pools, see
+            above); default `num_envs`: the synchronous protocol.
+        async_poll: short for `num_envs_per_poll=1`.
         check_env_outputs: also check every obs against its agent's space.
         step_timeout_s: seconds a sub-env's `step` or `reset` may take
             (None: wait forever; a Ctrl-C still stops the wait).
@@ -133,6 +138,7 @@ class SubprocessVectorEnv(BaseEnv):
         restart_failed: bool = False,
         num_workers: int | None = None,
         async_poll: bool = False,
+        num_envs_per_poll: int | None = None,
         pin_workers: bool = True,
         check_env_outputs: bool = False,
         step_timeout_s: float | None = None,
@@ -155,7 +161,9 @@ class SubprocessVectorEnv(BaseEnv):
                 "use a 'module:callable' env name or register a module-level function"
             ) from error
         self.num_envs = num_envs
-        self.async_poll = bool(async_poll)
+        self.num_envs_per_poll = _envs_per_poll(num_envs_per_poll, async_poll, num_envs)
+        #: Whether the async-pool protocol is on (`num_envs_per_poll` < `num_envs`).
+        self.async_poll = self.num_envs_per_poll < num_envs
         self.step_timeout_s = step_timeout_s
         self.stats = SubprocessStats()
         self._make_one = make_one
@@ -179,14 +187,7 @@ class SubprocessVectorEnv(BaseEnv):
             raise
         self._restarts = RestartBook(restart_failed, self._seeds)
         self._pending_actions: dict[EnvID, MultiAgentDict] = {}
-        #: Reset results (obs already copied out) sent with an episode's last step.
-        self._prefetched: dict[EnvID, Any] = {}
-        #: Replies to reset requests, until `try_reset` takes them.
-        self._reset_replies: dict[EnvID, Any] = {}
-        #: Results read but not yet returned by `poll`.
-        self._ready: PollResult = _empty_poll()
-        #: Bad output found while reading this round's replies (restarts off): raised by poll.
-        self._bad_output: EnvError | None = None
+        self._replies = Replies(self._restarts)
         #: Workers whose sub-envs' first resets are still to be asked for.
         self._to_start = list(self._workers)
         self._probe_env: MultiAgentEnv | None = None
@@ -206,7 +207,7 @@ class SubprocessVectorEnv(BaseEnv):
                 del self._to_start[0]
                 self._send(worker, "start", request)
             self._collect_all()
-            return self._take_ready()
+            return self._replies.take()
         self.stats.polls += 1
         if self.async_poll:
             return self._poll_ready()
@@ -220,10 +221,10 @@ class SubprocessVectorEnv(BaseEnv):
                 if request:
                     self._send_step(worker, request, actions)
         self._collect_all()
-        return self._take_ready()
+        return self._replies.take()
 
     def send_actions(self, actions: dict[EnvID, MultiAgentDict]) -> None:
-        prefetched = self._prefetched
+        prefetched = self._replies.prefetched
         for env_id in actions:
             if not 0 <= env_id < self.num_envs:
                 raise EnvError(f"send_actions: env_id {env_id!r} is not in [0, {self.num_envs})")
@@ -251,13 +252,13 @@ class SubprocessVectorEnv(BaseEnv):
             self.try_restart(env_id)
         self._restarts.stale.discard(env_id)
         seed = self._seeds.for_reset(env_id, seed)
-        replied = self._reset_replies.pop(env_id, None)  # an interrupted try_reset's
+        replied = self._replies.reset_replies.pop(env_id, None)  # an interrupted try_reset's
         if replied is not None:
-            return self._reset_outcome(env_id, replied)
-        prefetched = self._prefetched.pop(env_id, None)
+            return self._replies.reset_outcome(env_id, replied)
+        prefetched = self._replies.prefetched.pop(env_id, None)
         if prefetched is not None and seed is None and options is None:
             self.stats.prefetched_resets += 1
-            return self._reset_outcome(env_id, prefetched)
+            return self._replies.reset_outcome(env_id, prefetched)
         worker = self._workers[self._worker_of_env[env_id]]
         if not worker.alive:
             # A failed reset, as BaseEnv says: the runner drops it, retries a bounded
@@ -269,7 +270,7 @@ class SubprocessVectorEnv(BaseEnv):
         self.stats.reset_round_trips += 1
         self._send(worker, "reset", [(env_id, seed, options)])
         self._collect(worker)
-        return self._reset_outcome(env_id, self._reset_replies.pop(env_id))
+        return self._replies.reset_outcome(env_id, self._replies.reset_replies.pop(env_id))
 
     def try_restart(self, env_id: EnvID) -> None:
         """Recreate the sub-env in its worker, or the whole worker if it died."""
@@ -339,15 +340,15 @@ class SubprocessVectorEnv(BaseEnv):
             reason = f"{worker.describe()} died (exit code {worker.process.exitcode})"
         self._restarts.worker_lost(worker.env_ids)
         for env_id in worker.env_ids:
-            self._prefetched.pop(env_id, None)
+            self._replies.prefetched.pop(env_id, None)
         if in_flight is None or in_flight.kind in ("restart", "render"):
             return
         for env_id, *_ in in_flight.request:
             error = lost_worker_error(env_id, reason, worker.index, hung)
             if in_flight.kind == "reset":
-                self._reset_replies[env_id] = Crash(error)
+                self._replies.reset_replies[env_id] = Crash(error)
             else:
-                self._fail(env_id, error)
+                self._replies.fail(env_id, error)
 
     # ---- sending
 
@@ -360,10 +361,10 @@ class SubprocessVectorEnv(BaseEnv):
             if kind in ("step", "start"):
                 error = EnvError(f"{worker.describe()} is dead")
                 for env_id, *_ in request:
-                    self._fail(env_id, error)
+                    self._replies.fail(env_id, error)
             elif kind == "reset":
                 for env_id, *_ in request:
-                    self._reset_replies[env_id] = Crash(EnvError(f"{worker.describe()} is dead"))
+                    self._replies.reset_replies[env_id] = Crash(EnvError(f"{worker.describe()} is dead"))
             return False
         start = perf_counter()
         try:
@@ -394,7 +395,7 @@ class SubprocessVectorEnv(BaseEnv):
         """
         request, stale = self._restarts.split_stale(request, worker.index)
         for env_id, error in stale:
-            self._fail(env_id, error)
+            self._replies.fail(env_id, error)
         if request and self._send(worker, "step", request):
             self.stats.step_requests += 1
         if pending is not None:
@@ -417,15 +418,16 @@ class SubprocessVectorEnv(BaseEnv):
                 self._collect(worker)
 
     def _poll_ready(self) -> PollResult:
-        """The results read so far plus those of every worker ready now; waits
-        for one when there are none (and some worker is stepping)."""
-        busy = [worker for worker in self._workers if worker.in_flight is not None]
+        """The results read so far plus those of every worker ready now; waits while
+        fewer than `num_envs_per_poll` sub-envs are in (and some are still stepping)."""
         for worker in self._workers:
             if worker.unread is not None:
                 self._collect(worker)
-        if busy and not self._ready[0]:
+        busy = [worker for worker in self._workers if worker.in_flight is not None]
+        wanted = self.num_envs_per_poll
+        if busy and len(self._replies.ready[0]) < wanted:
             start = perf_counter()
-            while busy and not self._ready[0]:
+            while busy and len(self._replies.ready[0]) < wanted:
                 ready = wait([worker.conn for worker in busy], timeout=self._wait_s(busy))
                 for worker in busy:
                     if worker.conn in ready:
@@ -434,19 +436,12 @@ class SubprocessVectorEnv(BaseEnv):
                         self._time_out_if_late(worker)
                 busy = [worker for worker in busy if worker.in_flight is not None]
             self.stats.parent_wait_s += perf_counter() - start
-        elif busy:
+        if busy:
+            ready = wait([worker.conn for worker in busy], timeout=0)
             for worker in busy:
-                if worker.conn in wait([worker.conn], timeout=0):
+                if worker.conn in ready:
                     self._collect(worker)
-        return self._take_ready()
-
-    def _take_ready(self) -> PollResult:
-        """This round's results; raises the bad output found instead (keeping the results)."""
-        if self._bad_output is not None:
-            error, self._bad_output = self._bad_output, None
-            raise error
-        poll, self._ready = self._ready, _empty_poll()
-        return poll
+        return self._replies.take()
 
     def _deadline(self, worker: WorkerHandle) -> float:
         """When the worker's current env call (or the request) runs out of time."""
@@ -503,95 +498,30 @@ class SubprocessVectorEnv(BaseEnv):
             self.stats.parent_wait_s += perf_counter() - start
         in_flight, data = worker.unread
         start = perf_counter()
-        self._enter(worker, in_flight, pickle.loads(data))
+        self._replies.enter(worker, in_flight, pickle.loads(data), self.stats)
         worker.unread = None
         self.stats.parent_ipc_s += perf_counter() - start
 
-    def _enter(self, worker: WorkerHandle, in_flight: InFlight, reply: Any) -> None:
-        """Enter one reply; may run twice for one reply (after an interruption), so
-        it only assigns."""
-        kind = in_flight.kind
-        if kind in ("restart", "render"):
-            worker.reply = reply
-            return
-        if kind == "step":
-            new_block_name, results, resets, env_s, busy_s = reply
-        else:
-            new_block_name, results = reply
-        reader = worker.obs_reader
-        if new_block_name is not None and (
-            reader.block is None or reader.block.name.lstrip("/") != new_block_name.lstrip("/")
-        ):
-            reader.attach(new_block_name)
-        if kind != "step":
-            for (env_id, *_), result in zip(in_flight.request, results):
-                if type(result) is tuple and type(result[0]) is SharedObs:
-                    result = (reader.unpack(result[0]), result[1])
-                if kind == "reset":
-                    self._reset_replies[env_id] = result
-                else:
-                    put_reset(
-                        self._ready, env_id, *self._reset_outcome(env_id, result, raise_bad=False)
-                    )
-            return
-        stats = self.stats
-        stats.worker_env_s += env_s
-        stats.worker_busy_s += busy_s
-        stats.env_steps += len(results)
-        obs, rewards, terminateds, truncateds, infos, off_policy_actions = self._ready
-        for (env_id, _), result in zip(in_flight.request, results):
-            if type(result) is list:
-                env_obs = result[0]
-                if type(env_obs) is SharedObs:
-                    env_obs = reader.unpack(env_obs)
-                obs[env_id] = env_obs
-                rewards[env_id] = result[1]
-                terminateds[env_id] = result[2]
-                truncateds[env_id] = result[3]
-                infos[env_id] = result[4]
-                off_policy_actions[env_id] = {}
-            else:
-                put_failure(self._ready, env_id, self._failure(env_id, result, raise_bad=False))
-        for env_id, result in resets.items():
-            if type(result) is tuple and type(result[0]) is SharedObs:
-                result = (reader.unpack(result[0]), result[1])
-            self._prefetched[env_id] = result
-
-    def _fail(self, env_id: EnvID, error: Exception) -> None:
-        """Enter a failure of `env_id` into the next poll's results."""
-        put_failure(self._ready, env_id, self._failure(env_id, Crash(error)))
-
-    def _reset_outcome(
-        self, env_id: EnvID, result: Any, raise_bad: bool = True
-    ) -> tuple[MultiAgentDict | Exception, MultiAgentDict]:
-        if type(result) is tuple:
-            return result
-        return self._failure(env_id, result, raise_bad), {}
-
-    def _failure(
-        self, env_id: EnvID, result: Crash | Malformed, raise_bad: bool = True
-    ) -> Exception:
-        """The Exception entry for a failed sub-env.
-
-        Bad output without restarts is raised: at once (`raise_bad`), or by
-        the poll that is reading this round's replies.
-        """
-        self._restarts.failed(env_id)
-        if isinstance(result, Crash):
-            return result.error
-        error = EnvError(result.message)
-        if not self._restarts.restart_failed:
-            if raise_bad:
-                raise error
-            self._bad_output = self._bad_output or error
-        return error
-
     def _note_recreated(self, env_ids: list[EnvID], unreset: list[EnvID] = ()) -> None:
         self._restarts.recreated(env_ids, unreset)
-        for env_id in env_ids:
-            self._prefetched.pop(env_id, None)
-            self._reset_replies.pop(env_id, None)
+        self._replies.forget(env_ids)
 
 
-def _empty_poll() -> PollResult:
-    return ({}, {}, {}, {}, {}, {})
+def _envs_per_poll(num_envs_per_poll: int | None, async_poll: bool, num_envs: int) -> int:
+    """The `num_envs_per_poll` asked for, checked; `async_poll` is short for 1."""
+    if num_envs_per_poll is None:
+        return 1 if async_poll else num_envs
+    if async_poll:
+        raise EnvError(
+            f"async_poll and num_envs_per_poll={num_envs_per_poll!r} both given: async_poll is "
+            "short for num_envs_per_poll=1; give one of them"
+        )
+    if (
+        not isinstance(num_envs_per_poll, int)
+        or isinstance(num_envs_per_poll, bool)
+        or not 1 <= num_envs_per_poll <= num_envs
+    ):
+        raise EnvError(
+            f"num_envs_per_poll {num_envs_per_poll!r}: expected an int in [1, num_envs={num_envs}]"
+        )
+    return num_envs_per_poll

@@ -1,0 +1,127 @@
+"""SubprocessVectorEnv's replies from its workers, entered until they are handed out:
+step results for the next poll, reset results for `try_reset`, bad output to raise."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from marl_runner.envs.base_env import EnvID, PollResult, put_failure, put_reset
+from marl_runner.envs.errors import EnvError
+from marl_runner.envs.multi_agent_env import MultiAgentDict
+from marl_runner.envs.shared_obs import SharedObs
+from marl_runner.envs.subprocess_pool import InFlight, SubprocessStats, WorkerHandle
+from marl_runner.envs.subprocess_protocol import Crash, Malformed
+from marl_runner.envs.subprocess_restarts import RestartBook
+
+
+class Replies:
+    """What the workers answered and the caller has not taken yet."""
+
+    def __init__(self, restarts: RestartBook) -> None:
+        self.restarts = restarts
+        #: Results read but not yet returned by `poll`.
+        self.ready: PollResult = empty_poll()
+        #: Reset results (obs already copied out) sent with an episode's last step.
+        self.prefetched: dict[EnvID, Any] = {}
+        #: Replies to reset requests, until `try_reset` takes them.
+        self.reset_replies: dict[EnvID, Any] = {}
+        #: Bad output found while reading this round's replies (restarts off): raised by poll.
+        self.bad_output: EnvError | None = None
+
+    def take(self) -> PollResult:
+        """This round's results; raises the bad output found instead (keeping the results)."""
+        if self.bad_output is not None:
+            error, self.bad_output = self.bad_output, None
+            raise error
+        poll, self.ready = self.ready, empty_poll()
+        return poll
+
+    def forget(self, env_ids: list[EnvID]) -> None:
+        """Drop what recreated sub-envs' old envs answered."""
+        for env_id in env_ids:
+            self.prefetched.pop(env_id, None)
+            self.reset_replies.pop(env_id, None)
+
+    def enter(
+        self, worker: WorkerHandle, in_flight: InFlight, reply: Any, stats: SubprocessStats
+    ) -> None:
+        """Enter one reply; may run twice for one reply (after an interruption), so
+        it only assigns."""
+        kind = in_flight.kind
+        if kind in ("restart", "render"):
+            worker.reply = reply
+            return
+        if kind == "step":
+            new_block_name, results, resets, env_s, busy_s = reply
+        else:
+            new_block_name, results = reply
+        reader = worker.obs_reader
+        if new_block_name is not None and (
+            reader.block is None or reader.block.name.lstrip("/") != new_block_name.lstrip("/")
+        ):
+            reader.attach(new_block_name)
+        if kind != "step":
+            for (env_id, *_), result in zip(in_flight.request, results):
+                if type(result) is tuple and type(result[0]) is SharedObs:
+                    result = (reader.unpack(result[0]), result[1])
+                if kind == "reset":
+                    self.reset_replies[env_id] = result
+                else:
+                    put_reset(
+                        self.ready, env_id, *self.reset_outcome(env_id, result, raise_bad=False)
+                    )
+            return
+        stats.worker_env_s += env_s
+        stats.worker_busy_s += busy_s
+        stats.env_steps += len(results)
+        obs, rewards, terminateds, truncateds, infos, off_policy_actions = self.ready
+        for (env_id, _), result in zip(in_flight.request, results):
+            if type(result) is list:
+                env_obs = result[0]
+                if type(env_obs) is SharedObs:
+                    env_obs = reader.unpack(env_obs)
+                obs[env_id] = env_obs
+                rewards[env_id] = result[1]
+                terminateds[env_id] = result[2]
+                truncateds[env_id] = result[3]
+                infos[env_id] = result[4]
+                off_policy_actions[env_id] = {}
+            else:
+                put_failure(self.ready, env_id, self.failure(env_id, result, raise_bad=False))
+        for env_id, result in resets.items():
+            if type(result) is tuple and type(result[0]) is SharedObs:
+                result = (reader.unpack(result[0]), result[1])
+            self.prefetched[env_id] = result
+
+    def fail(self, env_id: EnvID, error: Exception) -> None:
+        """Enter a failure of `env_id` into the next poll's results."""
+        put_failure(self.ready, env_id, self.failure(env_id, Crash(error)))
+
+    def reset_outcome(
+        self, env_id: EnvID, result: Any, raise_bad: bool = True
+    ) -> tuple[MultiAgentDict | Exception, MultiAgentDict]:
+        if type(result) is tuple:
+            return result
+        return self.failure(env_id, result, raise_bad), {}
+
+    def failure(
+        self, env_id: EnvID, result: Crash | Malformed, raise_bad: bool = True
+    ) -> Exception:
+        """The Exception entry for a failed sub-env.
+
+        Bad output without restarts is raised: at once (`raise_bad`), or by
+        the poll that is reading this round's replies.
+        """
+        self.restarts.failed(env_id)
+        if isinstance(result, Crash):
+            return result.error
+        error = EnvError(result.message)
+        if not self.restarts.restart_failed:
+            if raise_bad:
+                raise error
+            self.bad_output = self.bad_output or error
+        return error
+
+
+def empty_poll() -> PollResult:
+    return ({}, {}, {}, {}, {}, {})
