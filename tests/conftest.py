@@ -15,8 +15,11 @@ def ray_local() -> Iterator[Any]:
     ray = pytest.importorskip(
         "ray", reason="Ray is not installed; the Ray tests need the extra: pip install 'marl-runner[ray]'"
     )
+    from marl_runner.distributed.ray_auth import quiet_token_auth_notice
+
     started = not ray.is_initialized()
     if started:
+        quiet_token_auth_notice()  # as connect_ray does: auth stays on, its notice goes
         ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
     yield ray
     if started:
