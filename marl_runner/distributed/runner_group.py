@@ -249,11 +249,13 @@ class EnvRunnerGroup:
     # ------------------------------------------------------------------ health and metrics
 
     def remote_runners(self) -> dict[int, Any]:
-        """The Ray actor handle of every healthy remote runner, by runner id."""
+        """The Ray actor handle of every healthy remote runner, by runner id: for calls
+        the group has no method for, and for fault drills (`ray.kill` one)."""
         return dict(self._remote)
 
     def healthy_runner_ids(self) -> list[int]:
-        """Ids of the remote runners in service (restarted ones included, dropped ones not)."""
+        """Ids of the remote runners in service (restarted ones included, dropped ones not):
+        a trainer can tell how much parallelism it has left."""
         return sorted(self._remote)
 
     def get_metrics(self) -> dict[str, Any]:
