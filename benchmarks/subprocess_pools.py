@@ -1,0 +1,201 @@
+"""Process backends measured: subprocess vs sync speed-up, and one slow sub-env in eight.
+
+`vector_speedup` times the bare loop and the runner, each over `sync` and over
+`subprocess` sub-envs, windows alternating, and reports env steps/s and the
+ratios the issue sets targets for (KAZ and simple_spread: subprocess bare loop
+>= 1.85x the sync bare loop; cheap: subprocess runner >= 0.8x the sync runner).
+
+`slow_sub_env` runs eight sub-envs of which one is 10x slower (`SlowEnv`), with
+and without async pools (`num_envs_per_poll`), and reports the env steps/s of
+the seven others: async pools must keep them within 10% of what they reach
+with no slow sub-env at all.
+
+Both are plain functions returning dicts (and a `print_*` helper for a table),
+for the bench CLI to wire as flags. Not timed tests: measurements to read.
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import time
+from collections.abc import Callable
+from time import perf_counter
+from typing import Any
+
+from marl_runner.envs import SubprocessVectorEnv
+from marl_runner.envs.testing import CheapEnv
+
+SPEEDUP_WORKLOADS = ("kaz", "spread", "cheap")
+Progress = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+def vector_speedup(
+    workloads: tuple[str, ...] = SPEEDUP_WORKLOADS,
+    *,
+    duration_s: float = 5.0,
+    warmup_s: float = 2.0,
+    repeats: int = 3,
+    num_workers: int = 2,
+    rollout_fragment_length: int = 200,
+    progress: Progress = _quiet,
+) -> list[dict[str, Any]]:
+    """Env steps/s of bare loop and runner, sync vs subprocess, per workload (medians)."""
+    # Imported here: worker processes import this module for SlowSubEnv, and need no torch.
+    from benchmarks.bare_loop import BareLoop
+    from benchmarks.measure import time_runner
+    from benchmarks.workloads import get_workload
+    from marl_runner.sampling.runner import EnvRunner
+
+    rows = []
+    for name in workloads:
+        workload = get_workload(name)
+        configs = {
+            "sync": workload.config(
+                vectorize="sync", rollout_fragment_length=rollout_fragment_length
+            ),
+            "subprocess": workload.config(
+                vectorize="subprocess",
+                num_workers=num_workers,
+                rollout_fragment_length=rollout_fragment_length,
+            ),
+        }
+        rates: dict[str, list[float]] = {}
+        for mode, config in configs.items():
+            progress(f"{name}: bare loop, {mode}")
+            bare = BareLoop(config)
+            try:
+                bare.run(duration_s=warmup_s)
+                rates[f"bare_{mode}"] = [
+                    _env_steps_per_s(bare.run(duration_s=duration_s)) for _ in range(repeats)
+                ]
+            finally:
+                bare.stop()
+            progress(f"{name}: runner, {mode}")
+            with EnvRunner(config) as runner:
+                time_runner(runner, warmup_s)
+                windows = [time_runner(runner, duration_s) for _ in range(repeats)]
+            rates[f"runner_{mode}"] = [w.env_steps / w.elapsed_s for w in windows]
+        row: dict[str, Any] = {"name": name, "num_envs": workload.num_envs}
+        row.update({key: statistics.median(values) for key, values in rates.items()})
+        row["bare_speedup"] = row["bare_subprocess"] / row["bare_sync"]
+        row["runner_speedup"] = row["runner_subprocess"] / row["runner_sync"]
+        rows.append(row)
+    return rows
+
+
+def _env_steps_per_s(result: Any) -> float:
+    return result.env_steps / result.elapsed_s if result.elapsed_s > 0 else float("nan")
+
+
+def print_speedup(rows: list[dict[str, Any]]) -> None:
+    print(
+        f"{'workload':<10}{'bare sync':>12}{'bare subp':>12}{'ratio':>8}"
+        f"{'runner sync':>13}{'runner subp':>13}{'ratio':>8}   (env steps/s)"
+    )
+    for r in rows:
+        print(
+            f"{r['name']:<10}{r['bare_sync']:>12,.0f}{r['bare_subprocess']:>12,.0f}"
+            f"{r['bare_speedup']:>8.2f}{r['runner_sync']:>13,.0f}{r['runner_subprocess']:>13,.0f}"
+            f"{r['runner_speedup']:>8.2f}"
+        )
+
+
+class SlowSubEnv(CheapEnv):
+    """CheapEnv (2 agents) whose step takes `step_s` more: a simulator's own time, spent
+    waiting (as on a remote simulator), so that it costs no CPU the others could use."""
+
+    def __init__(self, step_s: float) -> None:
+        super().__init__(num_agents=2, episode_len=50)
+        self.step_s = step_s
+
+    def step(self, actions: Any) -> Any:
+        time.sleep(self.step_s)
+        return super().step(actions)
+
+
+def make_slow_sub_env(index: int, step_s: float, slow_index: int | None) -> SlowSubEnv:
+    """Sub-env `index`: `step_s` a step, 10x that for `slow_index`."""
+    return SlowSubEnv(step_s * (10 if index == slow_index else 1))
+
+
+def slow_sub_env(
+    *,
+    num_envs: int = 8,
+    step_s: float = 0.002,
+    num_envs_per_poll: int = 4,
+    duration_s: float = 5.0,
+    warmup_s: float = 1.0,
+) -> list[dict[str, Any]]:
+    """Env steps/s of the sub-envs other than sub-env 0, with sub-env 0 as fast as they
+    are or 10x slower, each with every poll waiting for all sub-envs and with async
+    pools (`num_envs_per_poll`). One worker per sub-env, so a slow sub-env shares its
+    worker with none. `others_kept`: the others' rate over theirs when every poll
+    waits for all and no sub-env is slow (the target: >= 0.9 with async pools)."""
+    rows = []
+    baseline = None
+    for per_poll in (num_envs, num_envs_per_poll):
+        for slow in (False, True):
+            make_one = functools.partial(
+                make_slow_sub_env, step_s=step_s, slow_index=0 if slow else None
+            )
+            with SubprocessVectorEnv(
+                make_one, num_envs, seed=0, num_workers=num_envs, num_envs_per_poll=per_poll
+            ) as vec:
+                _drive(vec, warmup_s)
+                counts, elapsed = _drive(vec, duration_s)
+            others = sum(counts[1:]) / elapsed
+            baseline = baseline or others
+            rows.append(
+                {
+                    "num_envs_per_poll": per_poll,
+                    "slow_sub_env": slow,
+                    "others_env_steps_per_s": others,
+                    "slow_env_steps_per_s": counts[0] / elapsed,
+                    "others_kept": others / baseline,
+                }
+            )
+    return rows
+
+
+def _drive(vec: SubprocessVectorEnv, duration_s: float) -> tuple[list[int], float]:
+    """Step every sub-env as soon as it is polled (action 0 for every agent) for
+    `duration_s`; env steps per sub-env and the time taken."""
+    counts = [0] * vec.num_envs
+    start = perf_counter()
+    while perf_counter() - start < duration_s:
+        obs, _, terminateds, truncateds, _, _ = vec.poll()
+        actions = {}
+        for env_id, env_obs in obs.items():
+            if isinstance(env_obs, BaseException):
+                raise RuntimeError(f"sub-env {env_id} failed in the benchmark") from env_obs
+            if terminateds[env_id]["__all__"] or truncateds[env_id]["__all__"]:
+                env_obs, _ = vec.try_reset(env_id)
+            counts[env_id] += 1
+            actions[env_id] = dict.fromkeys(env_obs, 0)
+        vec.send_actions(actions)
+    return counts, perf_counter() - start
+
+
+def print_slow_sub_env(rows: list[dict[str, Any]]) -> None:
+    print(f"{'per poll':>9}{'slow env':>10}{'others steps/s':>16}{'slow steps/s':>14}{'kept':>7}")
+    for r in rows:
+        print(
+            f"{r['num_envs_per_poll']:>9}{'yes' if r['slow_sub_env'] else 'no':>10}"
+            f"{r['others_env_steps_per_s']:>16,.0f}{r['slow_env_steps_per_s']:>14,.0f}"
+            f"{r['others_kept']:>7.2f}"
+        )
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] == ["slow"]:
+        print_slow_sub_env(slow_sub_env())
+    else:
+        names = tuple(sys.argv[1:]) or SPEEDUP_WORKLOADS
+        print_speedup(vector_speedup(names, duration_s=3.0, warmup_s=1.0, progress=print))
