@@ -20,7 +20,7 @@ import yaml
 from connectors.imports import ImportPathError
 from marl_runner.config import ConfigError, RunnerConfig
 from marl_runner.envs.errors import EnvError
-from marl_runner.io import list_batch_files
+from marl_runner.io import FORMATS, list_batch_files, write_batch
 from marl_runner.mapping import PolicyMappingError, make_policy_mapping_fn
 from marl_runner.metrics_log import MetricsLogWriter
 
@@ -127,6 +127,43 @@ def prepare_out_dir(out_dir: Path, config: RunnerConfig) -> None:
         )
     except OSError as exc:
         raise CommandError(f"--out {out_dir}: cannot write there: {_os_error_text(exc)}") from None
+
+
+def add_out_format_argument(parser: argparse.ArgumentParser) -> None:
+    """``--format``: the file format of ``--out``, the same for ``sample`` and ``serve``."""
+    parser.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="npz",
+        help="--out file format: npz (one DIR/batch_NNNNNN.npz per batch), or parquet (episode "
+        "tables DIR/<policy>/batch_NNNNNN.parquet, readable by pandas, polars, DuckDB; "
+        "docs/DATA.md); default npz",
+    )
+
+
+class BatchFileWriter:
+    """Writes numbered batches to ``--out`` in the chosen format.
+
+    Parquet files carry the env and every policy's spaces as schema metadata;
+    policies are built when their first agent shows up, so the metadata is
+    read from the runner (or group) again whenever a batch names a policy it
+    does not cover yet, not once at the start.
+    """
+
+    def __init__(self, out_dir: Path, file_format: str, runner: Any) -> None:
+        self.out_dir, self.file_format, self.runner = out_dir, file_format, runner
+        self._metadata: dict[str, Any] | None = None
+
+    def write(self, batch: Any, index: int) -> None:
+        """Writes ``batch`` as batch number ``index`` (atomically; see ``write_batch``)."""
+        if self.file_format != "parquet":
+            write_batch(batch, self.out_dir, index, self.file_format)
+            return
+        if self._metadata is None or not set(batch.policy_batches) <= set(self._metadata["spaces"]):
+            from marl_runner.parquet_io import parquet_metadata
+
+            self._metadata = parquet_metadata(self.runner)
+        write_batch(batch, self.out_dir, index, self.file_format, metadata=self._metadata)
 
 
 def add_metrics_out_arguments(parser: argparse.ArgumentParser) -> None:

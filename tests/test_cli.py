@@ -64,8 +64,9 @@ def assert_one_line_error(err: str, *words: str) -> None:
 def test_every_flag_has_help() -> None:
     parser = build_parser()
     subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    assert set(subparsers.choices) == {"sample", "validate", "serve", "plot", "bench", "config-doc"}
-    for name in ("sample", "validate", "serve", "plot", "config-doc"):
+    commands = {"sample", "validate", "serve", "evaluate", "plot", "config-doc"}
+    assert set(subparsers.choices) == commands | {"bench"}
+    for name in commands:
         for action in subparsers.choices[name]._actions:
             assert action.help, f"{name} {action.option_strings or action.dest} has no help"
     for choice in subparsers._choices_actions:

@@ -1,4 +1,4 @@
-"""The ``marl-runner`` command: ``sample``, ``validate``, ``serve``, ``plot``, ``bench``, ``config-doc``.
+"""The ``marl-runner`` command: ``sample``, ``validate``, ``serve``, ``evaluate``, ``plot``, ``bench``, ``config-doc``.
 
 One module per command, each with its ``add_*_parser`` and ``run_*``;
 ``app`` puts them together. ``serve`` lives in ``marl_runner.serving.cli``;

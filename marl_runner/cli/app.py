@@ -11,6 +11,7 @@ from pathlib import Path
 
 from marl_runner.cli.bench import add_bench_parser, run_bench
 from marl_runner.cli.config_doc import add_config_doc_parser, run_config_doc
+from marl_runner.cli.evaluate import add_evaluate_parser, run_evaluate
 from marl_runner.cli.plot import add_plot_parser, run_plot
 from marl_runner.cli.sample import add_sample_parser, run_sample
 from marl_runner.cli.validate import add_validate_parser, run_validate
@@ -24,6 +25,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "sample": run_sample,
     "validate": run_validate,
     "serve": run_serve,
+    "evaluate": run_evaluate,
     "plot": run_plot,
     "config-doc": run_config_doc,
 }
@@ -58,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_sample_parser(commands, common)
     add_validate_parser(commands, common)
     add_serve_parser(commands, common)
+    add_evaluate_parser(commands)
     add_plot_parser(commands)
     add_bench_parser(commands)
     add_config_doc_parser(commands)

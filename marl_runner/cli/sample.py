@@ -13,9 +13,11 @@ from marl_runner.cli_common import (
     EXIT_FAILURE,
     EXIT_INTERRUPTED,
     EXIT_OK,
+    BatchFileWriter,
     CheckedMapping,
     CommandError,
     add_metrics_out_arguments,
+    add_out_format_argument,
     build_error,
     check_imports,
     describe,
@@ -27,7 +29,6 @@ from marl_runner.cli_common import (
 )
 from marl_runner.config import RunnerConfig
 from marl_runner.display import print_run_summary
-from marl_runner.io import write_batch
 from marl_runner.metrics_log import MetricsLogWriter, RunMetrics
 from marl_runner.progress import ProgressReporter, SampleCounts, count_batches, make_progress
 
@@ -69,10 +70,11 @@ def add_sample_parser(commands: Any, common: argparse.ArgumentParser) -> None:
         "--out",
         type=Path,
         metavar="DIR",
-        help="write each batch as DIR/batch_NNNNNN.npz as soon as it is produced (atomically, "
-        "readable with marl_runner.io.read_batches) plus the resolved config as DIR/config.yaml; "
+        help="write each batch as soon as it is produced (atomically, in --format, readable "
+        "with marl_runner.io.read_batches) plus the resolved config as DIR/config.yaml; "
         "DIR must not already hold batch files",
     )
+    add_out_format_argument(sample)
     sample.add_argument(
         "--runners",
         type=non_negative_int,
@@ -149,8 +151,11 @@ def _sample(
             progress = make_progress(target, unit, console, interval_s=args.progress_interval)
             try:
                 with progress:
+                    writer = (
+                        None if args.out is None else BatchFileWriter(args.out, args.format, group)
+                    )
                     interrupted = _sample_until(
-                        group, counts, unit, target, progress, args.out, run_metrics
+                        group, counts, unit, target, progress, writer, run_metrics
                     )
             finally:
                 # Before the group stops: on an error too, the log gets its last record.
@@ -172,7 +177,7 @@ def _sample_until(
     unit: str,
     target: int,
     progress: ProgressReporter,
-    out_dir: Path | None,
+    writer: BatchFileWriter | None,
     run_metrics: RunMetrics,
 ) -> bool:
     """Takes batches from ``group.iter_batches()`` (each one ``EnvRunner.sample()`` of a
@@ -180,7 +185,7 @@ def _sample_until(
     logging metrics when their interval has passed; returns True when stopped early
     by Ctrl-C.
 
-    A batch counts once ``write_batch`` returned, so after Ctrl-C the summary
+    A batch counts once it is written, so after Ctrl-C the summary
     names exactly the batches on disk. The counts' clock (the progress
     display's) starts after the group is built: the steps/s of the progress
     line and of the final table are the same numbers.
@@ -188,8 +193,8 @@ def _sample_until(
     batches = group.iter_batches()
     try:
         for batch in count_batches(batches, counts, unit, target, progress, group.totals):
-            if out_dir is not None:
-                write_batch(batch, out_dir, counts.batches + 1)
+            if writer is not None:
+                writer.write(batch, counts.batches + 1)
             run_metrics.poll()
     except KeyboardInterrupt:
         return True

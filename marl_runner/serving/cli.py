@@ -34,8 +34,10 @@ from rich.console import Console
 from marl_runner.cli_common import (
     EXIT_FAILURE,
     EXIT_OK,
+    BatchFileWriter,
     CommandError,
     add_metrics_out_arguments,
+    add_out_format_argument,
     check_imports,
     describe,
     load_config,
@@ -44,7 +46,7 @@ from marl_runner.cli_common import (
     prepare_out_dir,
 )
 from marl_runner.config import RunnerConfig
-from marl_runner.display import ProgressReporter, SampleCounts, make_progress, metrics_table
+from marl_runner.display import ProgressReporter, SampleCounts, make_progress, print_run_summary
 from marl_runner.metrics_log import MetricsLogWriter, RunMetrics
 from marl_runner.serving.episode_counts import num_episodes
 
@@ -84,8 +86,10 @@ def add_serve_parser(commands: Any, common: argparse.ArgumentParser) -> None:
         "--out",
         type=Path,
         metavar="DIR",
-        help="write each batch as DIR/batch_NNNNNN.npz (atomically) plus DIR/config.yaml",
+        help="write each batch (one per finished episode, atomically, in --format) plus "
+        "DIR/config.yaml",
     )
+    add_out_format_argument(serve)
     target = serve.add_mutually_exclusive_group()
     target.add_argument(
         "--steps",
@@ -172,7 +176,8 @@ def _serve(
     try:
         with EnvRunner(config) as runner:
             run_metrics = RunMetrics(runner.get_metrics, metrics_log)
-            writer = _Writer(counts, progress, args.out, stop, unit, target, run_metrics)
+            files = None if args.out is None else BatchFileWriter(args.out, args.format, runner)
+            writer = _Writer(counts, progress, files, stop, unit, target, run_metrics)
             try:
                 server = PolicyServer(
                     runner,
@@ -191,7 +196,6 @@ def _serve(
                 soft_wrap=True,
             )
             console.file.flush()
-            started = time.perf_counter()
             try:
                 with progress:
                     try:
@@ -199,9 +203,7 @@ def _serve(
                     finally:
                         _stop_serving(runner, server, writer)
             finally:  # on an error too, the log gets its last record
-                metrics = _written_metrics(
-                    run_metrics.finish(), writer, time.perf_counter() - started
-                )
+                metrics = _written_metrics(run_metrics.finish(), writer)
             uploaded = server.num_uploaded
     except CommandError:
         raise
@@ -210,24 +212,10 @@ def _serve(
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    console.print(metrics_table(metrics))
-    if uploaded:
-        console.print(
-            f"{uploaded} of the batches came from local-inference clients", highlight=False
-        )
-    if args.out is not None:
-        console.print(
-            f"wrote {counts.batches} batches ({counts.episodes} episodes, {counts.env_steps} env "
-            f"steps) to {args.out}",
-            highlight=False,
-            soft_wrap=True,
-        )
-    if metrics_log is not None:
-        console.print(
-            f"wrote {metrics_log.num_records} metrics records to {metrics_log.path}",
-            highlight=False,
-            soft_wrap=True,
-        )
+    notes = [f"{uploaded} of the batches came from local-inference clients"] if uploaded else []
+    print_run_summary(
+        console, metrics, counts, out_dir=args.out, metrics_log=metrics_log, notes=notes
+    )
     return EXIT_OK
 
 
@@ -248,7 +236,7 @@ def _stop_serving(runner: Any, server: Any, writer: _Writer) -> None:
         server.drain_uploads(writer)
 
 
-def _written_metrics(metrics: dict[str, Any], writer: _Writer, elapsed_s: float) -> dict[str, Any]:
+def _written_metrics(metrics: dict[str, Any], writer: _Writer) -> dict[str, Any]:
     """The runner's metrics with the counts, rates and means of what was written.
 
     The runner alone misses the local-inference clients' episodes and counts
@@ -262,8 +250,6 @@ def _written_metrics(metrics: dict[str, Any], writer: _Writer, elapsed_s: float)
         "episodes": episodes,
         "num_env_steps": counts.env_steps,
         "num_agent_steps": counts.agent_steps,
-        "env_steps_per_s": counts.env_steps / elapsed_s if elapsed_s > 0 else None,
-        "agent_steps_per_s": counts.agent_steps / elapsed_s if elapsed_s > 0 else None,
         "episode_reward_mean": writer.reward_sum / episodes if episodes else None,
         "episode_len_mean": counts.env_steps / episodes if episodes else None,
         "policy_reward_mean": {
@@ -293,7 +279,7 @@ class _Writer:
         self,
         counts: SampleCounts,
         progress: ProgressReporter,
-        out_dir: Path | None,
+        files: BatchFileWriter | None,
         stop: threading.Event,
         unit: str,
         target: int | None,
@@ -302,7 +288,7 @@ class _Writer:
         from marl_runner import MultiAgentBatch, RolloutMetrics
 
         self._batch_type, self._metrics_type = MultiAgentBatch, RolloutMetrics
-        self.counts, self.progress, self.out_dir = counts, progress, out_dir
+        self.counts, self.progress, self.files = counts, progress, files
         self.stop, self.unit, self.target = stop, unit, target
         self.run_metrics = run_metrics
         self.reward_sum = 0.0
@@ -311,16 +297,12 @@ class _Writer:
 
     def __call__(self, item: Any) -> None:
         """Writes a batch (or counts a faulty episode's record) and updates the progress."""
-        from marl_runner.io import write_batch
-
         counts = self.counts
         if isinstance(item, self._batch_type):
-            if self.out_dir is not None:
-                write_batch(item, self.out_dir, counts.batches + 1)
+            if self.files is not None:
+                self.files.write(item, counts.batches + 1)
             episodes = num_episodes(item)
-            counts.batches += 1
-            counts.env_steps += item.env_steps()
-            counts.agent_steps += item.agent_steps()
+            counts.add(item)
             counts.episodes += episodes
             self._add_rewards(item)
             self.run_metrics.poll()
@@ -348,7 +330,11 @@ class _Writer:
 
 
 class _ServeLines(ProgressReporter):
-    """Progress without a target: one line every `interval_s` seconds, and a last one."""
+    """Progress without a target: one line every `interval_s` seconds, and a last one.
+
+    Its rate is the counts' own (steps written over the serving time up to
+    the last count), the same number the final table shows.
+    """
 
     def __init__(self, console: Console, interval_s: float) -> None:
         super().__init__(1, "env_steps", console)
@@ -360,7 +346,7 @@ class _ServeLines(ProgressReporter):
         if self._counts is not None:
             self._print(self._counts)
 
-    def update(self, counts: SampleCounts) -> None:
+    def _show(self, counts: SampleCounts) -> None:
         """Prints a line when `interval_s` has passed since the last one; keeps the counts."""
         self._counts = counts
         if time.perf_counter() - self._last >= self.interval_s:
@@ -370,8 +356,7 @@ class _ServeLines(ProgressReporter):
         faulty = f" ({counts.faulty_episodes} faulty)" if counts.faulty_episodes else ""
         line = (
             f"serving: {counts.env_steps} env steps, {counts.episodes} episodes{faulty}, "
-            f"{self.env_steps_per_s(counts):,.0f} env steps/s, "
-            f"{time.perf_counter() - self.started:.1f}s elapsed"
+            f"{counts.env_steps_per_s():,.0f} env steps/s, {counts.elapsed_s:.1f}s elapsed"
         )
         self.console.file.write(line + "\n")
         self.console.file.flush()
