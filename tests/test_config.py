@@ -488,3 +488,20 @@ def test_check_imports_names_the_key() -> None:
         ConfigError, match=r"^policies\.p\.model\.class: .*expected something callable"
     ):
         config.check_imports()
+
+
+@pytest.mark.parametrize(
+    ("spec", "where", "expected"),
+    [
+        ({"type": "Box", "low": 0, "high": 1, "shape": [100_000, 100_000]}, "shape", "elements"),
+        ({"type": "Box", "low": 0, "high": 1, "shape": [0, 1e20]}, "shape", "integers >= 0"),
+        ({"type": "Box", "low": 0, "high": 1, "shape": [-1, 3]}, "shape", "integers >= 0"),
+        ({"type": "MultiBinary", "n": 10**12}, "n", "elements"),
+    ],
+)
+def test_huge_or_malformed_space_shapes_are_refused_before_allocating(spec, where, expected):
+    """gymnasium allocates a Box's bounds at full shape: a crafted config or checkpoint
+    would cost gigabytes before anything else refused it."""
+    with pytest.raises(ConfigError, match=expected) as info:
+        space_from_spec(spec, "policies.p.observation_space")
+    assert f"policies.p.observation_space.{where}" in str(info.value)

@@ -19,6 +19,11 @@ __all__ = ["SPACE_TYPES", "space_from_spec", "space_to_spec"]
 
 SPACE_TYPES = ("Discrete", "Box", "MultiDiscrete", "MultiBinary", "Dict", "Tuple")
 
+#: The most elements a Box or MultiBinary may declare (a 2048 x 2048 x 4 image). gymnasium
+#: allocates a Box's bounds at full shape, so a config or checkpoint naming a huge shape
+#: would otherwise cost gigabytes before any check could refuse it.
+MAX_SPACE_ELEMENTS = 2**24
+
 
 def space_from_spec(spec: Any, key: str = "space") -> gym.Space:
     """Builds a gymnasium space from its YAML form (see ``space_to_spec``)."""
@@ -43,14 +48,16 @@ def space_from_spec(spec: Any, key: str = "space") -> gym.Space:
             return gym.spaces.Discrete(spec["n"], start=spec.get("start", 0))
         if kind == "Box":
             dtype = np.dtype(spec.get("dtype", "float32"))
-            shape = tuple(spec["shape"]) if spec.get("shape") is not None else None
+            shape = _bounded_shape(spec["shape"], f"{key}.shape") if spec.get("shape") is not None else None
             return gym.spaces.Box(
                 _bound(spec["low"], dtype), _bound(spec["high"], dtype), shape=shape, dtype=dtype
             )
         if kind == "MultiDiscrete":
             return gym.spaces.MultiDiscrete(spec["nvec"], dtype=spec.get("dtype", "int64"))
         if kind == "MultiBinary":
-            return gym.spaces.MultiBinary(spec["n"])
+            n = spec["n"]
+            shape = _bounded_shape(n if isinstance(n, list) else [n], f"{key}.n")
+            return gym.spaces.MultiBinary(list(shape) if isinstance(n, list) else n)
         if kind == "Dict":
             if not isinstance(spec["spaces"], Mapping):
                 raise TypeError("'spaces' must be a mapping of name -> space")
@@ -70,6 +77,24 @@ def space_from_spec(spec: Any, key: str = "space") -> gym.Space:
         ) from None
     except (TypeError, ValueError, AssertionError) as exc:
         raise ConfigError(key, f"invalid {kind} space {dict(spec)!r}: {exc}") from None
+
+
+def _bounded_shape(shape: Any, where: str) -> tuple[int, ...]:
+    """``shape`` as a tuple of non-negative ints with at most ``MAX_SPACE_ELEMENTS`` elements."""
+    if not isinstance(shape, (list, tuple)) or not all(
+        isinstance(size, int) and not isinstance(size, bool) and size >= 0 for size in shape
+    ):
+        raise ConfigError(where, f"got {shape!r}, expected a list of integers >= 0")
+    elements = 1
+    for size in shape:
+        elements *= size
+    if elements > MAX_SPACE_ELEMENTS:
+        raise ConfigError(
+            where,
+            f"got {list(shape)}: {elements:,} elements, more than the {MAX_SPACE_ELEMENTS:,} "
+            "a space may hold",
+        )
+    return tuple(shape)
 
 
 def space_to_spec(space: gym.Space) -> dict[str, Any]:
