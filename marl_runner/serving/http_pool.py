@@ -12,6 +12,8 @@ a client never holds up the interpreter's exit.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import queue
 import selectors
 import socket
@@ -197,3 +199,25 @@ class BodyBudget:
         with self._room:
             self.in_flight -= nbytes
             self._room.notify_all()
+
+
+def _load_malloc_trim() -> Any:
+    name = ctypes.util.find_library("c")
+    try:
+        return ctypes.CDLL(name).malloc_trim if name else None
+    except (OSError, AttributeError):  # not glibc
+        return None
+
+
+_MALLOC_TRIM = _load_malloc_trim()
+
+
+def release_free_memory() -> None:
+    """Returns freed heap memory to the OS (glibc only; elsewhere nothing to do).
+
+    Each worker thread allocates from its own glibc arena, which keeps what a
+    big body freed: without this, RSS grows by a body's decoding cost per
+    worker that ever decoded one, though only one decodes at a time.
+    """
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)

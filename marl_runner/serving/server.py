@@ -37,7 +37,7 @@ from marl_runner.envs.external_episodes import ExternalEnvStopped
 from marl_runner.envs.external_vector_env import ExternalVectorEnv
 from marl_runner.serving import codec
 from marl_runner.serving.batches import batch_from_value
-from marl_runner.serving.http_pool import BodyBudget, PooledHTTPServer
+from marl_runner.serving.http_pool import BodyBudget, PooledHTTPServer, release_free_memory
 from marl_runner.serving.validation import (
     RequestError,
     agent_values,
@@ -61,8 +61,10 @@ MIN_WORKERS = 64
 # numbers become Python objects; binary arrays are copied out of the body once).
 JSON_MEMORY_FACTOR = 6
 BINARY_MEMORY_FACTOR = 2
+# After a body this big, freed memory goes back to the OS (see `release_free_memory`).
+TRIM_AFTER_BYTES = 8 * 1024 * 1024
 # How long a request waits for room in the memory budget before a 503.
-BODY_WAIT_S = 5.0
+BODY_WAIT_S = 30.0
 
 
 class ServerSetupError(ValueError):
@@ -395,14 +397,21 @@ class _Handler(BaseHTTPRequestHandler):
             factor = JSON_MEMORY_FACTOR if content_type == codec.JSON else BINARY_MEMORY_FACTOR
             reserved = server.body_budget.reserve(length * factor, BODY_WAIT_S)
             if reserved is None:
-                self._refuse(HTTPStatus.SERVICE_UNAVAILABLE, f"the server is decoding "
-                             f"{server.body_budget.in_flight} bytes' worth of other bodies; retry "
-                             "in a moment", content_type, {"Retry-After": "1"})
+                # Read and drop the body so the client, still sending it, gets to read the 503.
+                if self._discard_body(length):
+                    payload = codec.encode({"error": f"the server is decoding "
+                                            f"{server.body_budget.in_flight} bytes' worth of other "
+                                            "bodies; retry in a moment", "type": "HTTPError"},
+                                           content_type)
+                    self._send_bytes(HTTPStatus.SERVICE_UNAVAILABLE, payload, content_type,
+                                     {"Retry-After": "1"})
                 return
             try:
                 self._answer(server, method, content_type, length)
             finally:
                 server.body_budget.release(reserved)
+                if length >= TRIM_AFTER_BYTES:
+                    release_free_memory()
         else:
             self._answer(server, method, content_type, None)
 
@@ -488,6 +497,22 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True  # the client went away mid-body
             return None
         return raw
+
+    def _discard_body(self, length: int) -> bool:
+        """Reads `length` body bytes into a small buffer, keeping none; False if the client left."""
+        chunk = bytearray(min(length, 1 << 16)) or bytearray(1)
+        left = length
+        try:
+            while left > 0:
+                count = self.rfile.readinto(memoryview(chunk)[: min(left, len(chunk))])
+                if not count:
+                    break
+                left -= count
+        except (TimeoutError, OSError):
+            pass
+        if left:
+            self.close_connection = True
+        return not left
 
     def _refuse(
         self, status: HTTPStatus, message: str, content_type: str, headers: dict | None = None
