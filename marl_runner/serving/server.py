@@ -72,6 +72,7 @@ class ServerSetupError(ValueError):
 
 
 def is_loopback(host: str) -> bool:
+    """Whether `host` only accepts local connections (no token needed there)."""
     if host == "localhost":
         return True
     try:
@@ -104,6 +105,7 @@ class StateSync:
         self._pending: list[_SyncRequest] = []
 
     def exchange(self, deltas: dict, timeout_s: float = 30.0) -> bytes:
+        """Queues a client's filter deltas; returns the encoded state once the runner merged them."""
         request = _SyncRequest(deltas)
         with self._lock:
             self._pending.append(request)
@@ -116,6 +118,7 @@ class StateSync:
         return request.body
 
     def refresh(self, runner: Any) -> None:
+        """Merges the queued deltas and publishes one state snapshot; the sampling loop calls it."""
         with self._lock:
             if not self._pending:
                 return
@@ -195,6 +198,7 @@ class PolicyServer:
 
     @property
     def address(self) -> str:
+        """`http://HOST:PORT` as bound, for clients."""
         host, port = self.server_address_tuple()
         return f"http://{host}:{port}"
 
