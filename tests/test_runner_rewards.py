@@ -16,6 +16,7 @@ from marl_runner import Callbacks, EnvRunner
 from marl_runner.checks import trajectory_rows
 from marl_runner.envs import MultiAgentEnv, ParallelPettingZooEnv, make_env, register_env
 from marl_runner.envs.testing import PadSpacesWrapper
+from marl_runner.envs.testing.scripted_env import Round, ScriptedEnv
 from tests.runner_helpers import EpisodeTracker, config
 
 TESTING = "marl_runner.envs.testing:"
@@ -230,3 +231,62 @@ def test_agents_spawning_with_a_reward_keep_it_on_their_first_transition() -> No
         np.testing.assert_allclose(shared["rewards"][rows], expected_rows(log)[agent], atol=1e-5)
         checked += 1
     assert checked >= 20
+
+
+def _early_death_env(cfg: dict) -> ScriptedEnv:
+    """a0 is rewarded on unchanged rounds (the fast path), then dies at round 4; a1 plays on."""
+    agents = ("a0", "a1")
+    script = [Round(agents)]
+    for index in range(1, 11):
+        observing = agents if index <= 4 else ("a1",)
+        script.append(Round(
+            observing, {a: 0.25 * (index + observing.index(a)) for a in observing},
+            terminated=("a0",) if index == 4 else (), end="terminated" if index == 10 else None,
+        ))
+    return ScriptedEnv(script, agents)
+
+
+register_env("early_death", _early_death_env)
+
+
+class AgentRewardsAtEnd(Callbacks):
+    """Each ended episode's per-agent totals, as the metrics record reads them."""
+
+    def __init__(self) -> None:
+        self.totals: dict[int, list[dict]] = {}
+
+    def on_episode_end(self, *, episode: Any, env_index: int, **kwargs: Any) -> None:
+        totals = {agent: total for (agent, _), total in episode.agent_rewards.items()}
+        self.totals.setdefault(env_index, []).append(totals)
+
+
+@pytest.mark.parametrize(
+    ("env", "env_config"),
+    [
+        ("early_death", {}),
+        (TESTING + "DyingAgentsEnv", {}),
+        (TESTING + "TurnBasedEnv", {}),
+        (TESTING + "CheapEnv", {"num_agents": 3, "episode_len": 7}),
+    ],
+)
+def test_episode_totals_count_every_reward_also_of_agents_whose_rows_were_handed_out(
+    env: str, env_config: dict
+) -> None:
+    # Fragments of 2 steps: dead agents' trajectories are built and released mid-episode.
+    recorder = AgentRewardsAtEnd()
+    cfg = config(placement_env_name(env), num_envs=2, rollout_fragment_length=2, env_config=env_config)
+    with EnvRunner(cfg, callbacks=recorder) as runner:
+        runner.sample(num_env_steps=60)
+        logs = [sub_env.episodes for sub_env in runner.env.get_sub_environments()]
+    ended = 0
+    for env_index, episodes in recorder.totals.items():
+        for position, totals in enumerate(episodes):
+            given: dict = {}
+            for _, rewards, _, _ in logs[env_index][position]:
+                for agent, reward in rewards.items():
+                    given[agent] = given.get(agent, 0.0) + reward
+            assert totals.keys() >= given.keys()
+            for agent, total in totals.items():
+                assert total == pytest.approx(given.get(agent, 0.0), abs=1e-5), (env, position, agent)
+            ended += 1
+    assert ended >= 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import types
+from operator import itemgetter
 
 import numpy as np
 import pytest
@@ -30,7 +31,9 @@ def test_the_fast_path_needs_nothing_held_and_every_reward_on_an_observing_agent
     ledger = RewardLedger()
     observing = frozenset({"a", "b"})
     assert ledger.fast_path_ok({"a": 1.0}, observing)
-    assert list(ledger.rewards_on_rows({"a": 1.0}, ["a", "b"])) == [1.0, 0.0]
+    both = itemgetter("a", "b")
+    assert list(ledger.rewards_on_rows({"a": 1.0}, ["a", "b"], both)) == [1.0, 0.0]
+    assert list(ledger.rewards_on_rows({"a": 1.0, "b": 2.0}, ["a", "b"], both)) == [1.0, 2.0]
     assert not ledger.fast_path_ok({"c": 1.0}, observing)
     ledger.settle({"c": 1.0}, [], _slots(), [])  # held for c
     assert not ledger.fast_path_ok({"a": 1.0}, observing)
@@ -52,7 +55,7 @@ def test_settle_holds_credits_forfeits_and_keeps_rewards_after_done() -> None:
     np.testing.assert_array_equal(final, [0.0, 4.0])
     ledger.settle({"d": 1.0}, [], slots, [])
     assert ledger.num_late_rewards == 1
-    assert ledger.totals == rewards
+    assert ledger.totals_with({}) == rewards
 
 
 def test_add_rewards_after_done_copies_only_when_something_changes() -> None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from operator import itemgetter
+from typing import Any, NamedTuple
 
 from marl_runner.sampling.rewards import RewardLedger
 
@@ -22,6 +23,16 @@ class AgentSlot:
         self.done = False
 
 
+class LayoutGroup(NamedTuple):
+    """One policy's agents in an ``EpisodeLayout``: their ids, trajectory keys, and one
+    C-level call that reads their values out of an ``agent_id -> value`` dict."""
+
+    policy_id: str
+    agent_ids: tuple
+    keys: tuple
+    values_of: Callable[[dict], tuple]
+
+
 class EpisodeLayout:
     """The agents that observed in the last round, grouped by policy.
 
@@ -31,9 +42,20 @@ class EpisodeLayout:
 
     __slots__ = ("agent_set", "groups")
 
-    def __init__(self, agent_set: frozenset, groups: list[tuple[str, tuple, tuple]]) -> None:
-        self.agent_set = agent_set
-        self.groups = groups  # (policy id, agent ids, trajectory keys) per policy
+    def __init__(self, groups: dict[str, tuple[list, list]]) -> None:
+        """``groups``: ``policy_id -> (agent ids, trajectory keys)``."""
+        self.groups = [
+            LayoutGroup(pid, tuple(ids), tuple(keys), _values_of(ids)) for pid, (ids, keys) in groups.items()
+        ]
+        self.agent_set = frozenset(a for group in self.groups for a in group.agent_ids)
+
+
+def _values_of(agent_ids: list) -> Callable[[dict], tuple]:
+    """``d -> (d[a] for a in agent_ids)`` as a tuple, in one C call (KeyError if one is missing)."""
+    if len(agent_ids) == 1:
+        only = agent_ids[0]
+        return lambda values: (values[only],)
+    return itemgetter(*agent_ids)
 
 
 class MultiAgentEpisode:
@@ -45,7 +67,11 @@ class MultiAgentEpisode:
     """
 
     def __init__(
-        self, episode_id: int, env_id: int, map_agent: Callable[[Any, MultiAgentEpisode], str]
+        self,
+        episode_id: int,
+        env_id: int,
+        map_agent: Callable[[Any, MultiAgentEpisode], str],
+        live_reward_totals: Callable[[MultiAgentEpisode], dict[Any, float]] | None = None,
     ) -> None:
         self.episode_id = episode_id
         self.env_id = env_id
@@ -62,6 +88,7 @@ class MultiAgentEpisode:
         self.slots: dict[Any, AgentSlot] = {}
         self.layout: EpisodeLayout | None = None
         self.rewards = RewardLedger()
+        self._live_reward_totals = live_reward_totals
         # Env steps of this episode not yet built into a fragment.
         self.unbuilt_steps = 0
         # Raw obs of the last round each agent observed (only kept for ``fake_obs: last``).
@@ -97,7 +124,7 @@ class MultiAgentEpisode:
         """Every reward the env gave so far per (agent, policy); policy None for agents
         that never observed (so never had a policy)."""
         slots = self.slots
-        totals = self.rewards.totals
+        totals = self._totals()
         return {
             (agent_id, slots[agent_id].policy_id if agent_id in slots else None): total
             for agent_id, total in totals.items()
@@ -106,12 +133,16 @@ class MultiAgentEpisode:
     @property
     def total_reward(self) -> float:
         """Everything the env gave all agents so far (late rewards included)."""
-        return float(sum(self.rewards.totals.values()))
+        return float(sum(self._totals().values()))
 
     @property
     def num_late_rewards(self) -> int:
         """Rewards that came after their agent's final transition was handed out."""
         return self.rewards.num_late_rewards
+
+    def _totals(self) -> dict[Any, float]:
+        live = self._live_reward_totals(self) if self._live_reward_totals is not None else {}
+        return self.rewards.totals_with(live)
 
     def __repr__(self) -> str:
         return (

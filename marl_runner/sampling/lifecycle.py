@@ -93,6 +93,11 @@ class EpisodeLifecycle:
             self._advance(episode)
         return episode
 
+    def advance(self, episodes: list[MultiAgentEpisode]) -> None:
+        """One env step more for each of these running episodes."""
+        for episode in episodes:
+            self._advance(episode)
+
     def new_slot(self, episode: MultiAgentEpisode, agent_id: Any) -> AgentSlot:
         """A first-time agent's slot: its policy mapped (and built), its trajectory key."""
         policy_id = episode.policy_for(agent_id)
@@ -185,7 +190,10 @@ class EpisodeLifecycle:
     # ---- helpers
 
     def _new_episode(self, env_id: int) -> MultiAgentEpisode:
-        return MultiAgentEpisode(self._episode_ids.next(), env_id, self._policy_map.map_agent)
+        return MultiAgentEpisode(
+            self._episode_ids.next(), env_id, self._policy_map.map_agent,
+            self._keys.live_reward_totals,
+        )
 
     def _create(self, env_id: int) -> MultiAgentEpisode:
         episode = self.active[env_id] = self._new_episode(env_id)

@@ -13,16 +13,19 @@ The rule (README, "What it guarantees") is that no reward is lost and each sits 
 - given after the agent is done: added to its final transition while that
   row has not been handed out in a batch yet, else counted as a late reward.
 
-``totals`` counts everything the env gave, late rewards included; episode
-metrics read it. The round collector asks the ledger what each row carries
-(``fast_path_ok`` and ``rewards_on_rows``, or ``settle``); the trajectory store asks it what a
+Totals count everything the env gave, late rewards included; episode
+metrics read them (``totals_with``). Rewards of fast-path rows are counted per
+trajectory key in bulk (``count_rewards_on_rows``) and banked here when the
+key is released; all others are counted here as they arrive (``receive``).
+The round collector asks the ledger what each row carries (``fast_path_ok``
+and ``rewards_on_rows``, or ``settle``); the trajectory store asks it what a
 final transition carries (``add_rewards_after_done``). Nothing else decides
 about rewards.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import repeat
 from typing import Any, Protocol
 
@@ -36,11 +39,11 @@ class _Slot(Protocol):
 class RewardLedger:
     """The rewards of one episode, per agent."""
 
-    __slots__ = ("totals", "held", "_final_extra", "_handed_out", "num_late_rewards")
+    __slots__ = ("counted", "held", "_final_extra", "_handed_out", "num_late_rewards")
 
     def __init__(self) -> None:
-        # Everything the env gave each agent (metrics).
-        self.totals: dict[Any, float] = {}
+        # What the env gave each agent outside fast-path rows, plus banked key totals.
+        self.counted: dict[Any, float] = {}
         # Given since the agent's last row; credited with its next row.
         self.held: dict[Any, float] = {}
         # Given after the agent was done; joins its final transition when built.
@@ -50,10 +53,23 @@ class RewardLedger:
         self.num_late_rewards = 0
 
     def receive(self, rewards: Mapping[Any, float]) -> None:
-        """Counts one round's rewards in the totals (all of them, whoever gets them)."""
-        totals = self.totals
+        """Counts one general-path round's rewards (all of them, whoever gets them)."""
+        counted = self.counted
         for agent_id, reward in rewards.items():
-            totals[agent_id] = totals.get(agent_id, 0.0) + reward
+            counted[agent_id] = counted.get(agent_id, 0.0) + reward
+
+    def bank(self, agent_id: Any, total: float) -> None:
+        """A released trajectory key's fast-path total joins the agent's count."""
+        if total:
+            self.counted[agent_id] = self.counted.get(agent_id, 0.0) + total
+
+    def totals_with(self, live: Mapping[Any, float]) -> dict[Any, float]:
+        """Everything the env gave each agent: counted here, plus ``live`` (the fast-path
+        totals of the episode's keys not released yet)."""
+        totals = dict(self.counted)
+        for agent_id, total in live.items():
+            totals[agent_id] = totals.get(agent_id, 0.0) + total
+        return totals
 
     # ---- the rows of a round
 
@@ -63,9 +79,17 @@ class RewardLedger:
         return not self.held and rewards.keys() <= observing
 
     @staticmethod
-    def rewards_on_rows(rewards: Mapping[Any, float], agent_ids: Iterable[Any]) -> Iterator[float]:
-        """The reward of each row of ``agent_ids`` on the fast path."""
-        return map(rewards.get, agent_ids, repeat(0.0))
+    def rewards_on_rows(
+        rewards: Mapping[Any, float],
+        agent_ids: Iterable[Any],
+        values_of: Callable[[Mapping[Any, float]], tuple[float, ...]],
+    ) -> Iterable[float]:
+        """The reward of each row of ``agent_ids`` on the fast path: its own (``values_of``
+        reads them all at once), 0.0 for an agent given none."""
+        try:
+            return values_of(rewards)
+        except KeyError:
+            return map(rewards.get, agent_ids, repeat(0.0))
 
     def settle(
         self,
@@ -121,6 +145,20 @@ class RewardLedger:
         """The agent's final transition is being built: the extra reward it carries."""
         self._handed_out.add(agent_id)
         return self._final_extra.pop(agent_id, 0.0)
+
+
+def count_rewards_on_rows(
+    key_totals: np.ndarray, keys: np.ndarray, rewards: list[float], credited_rows: list[int]
+) -> np.ndarray:
+    """A policy's round: the rewards column (float32), and each fast-path row's reward
+    added to its key's total (``credited_rows``, the general path's, were counted by
+    ``receive``). Keys are unique within a round, so one fancy-index add does it."""
+    given = np.array(rewards, np.float64)
+    column = given.astype(np.float32)
+    if credited_rows:
+        given[credited_rows] = 0.0
+    key_totals[keys] += given
+    return column
 
 
 def add_rewards_after_done(

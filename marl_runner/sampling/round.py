@@ -9,25 +9,30 @@ so an exception in the middle of a step leaves no half-filled rows behind.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Container, Mapping
 from itertools import repeat
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from connectors.data import AgentRows
-from marl_runner.sampling.env_output import SubEnvOutput
+from marl_runner.sampling.env_output import PollResult, SubEnvOutput
 from marl_runner.sampling.episode import AgentSlot, EpisodeLayout, MultiAgentEpisode
 from marl_runner.sampling.fake_obs import fake_final_obs
+from marl_runner.sampling.rewards import RewardLedger, count_rewards_on_rows
 from marl_runner.sampling.trajectories import KeyTable
 
 _EMPTY_INFO: dict = {}
+_NOTHING: dict = {}
 
 
 class PolicyRows:
     """One policy's rows of one round, as growing lists (cheap to extend group-wise)."""
 
-    __slots__ = ("obs", "rewards", "infos", "keys", "terminated_rows", "truncated_rows", "first_rows")
+    __slots__ = (
+        "obs", "rewards", "infos", "keys", "terminated_rows", "truncated_rows", "first_rows",
+        "credited_rows",
+    )
 
     def __init__(self) -> None:
         self.obs: list[Any] = []
@@ -37,6 +42,8 @@ class PolicyRows:
         self.terminated_rows: list[int] = []
         self.truncated_rows: list[int] = []
         self.first_rows: list[int] = []
+        # Rows of the general path: their reward is what the ledger credited, already counted.
+        self.credited_rows: list[int] = []
 
     def add(
         self, obs: Any, reward: float, info: Any, key: int,
@@ -44,6 +51,7 @@ class PolicyRows:
     ) -> None:
         """One row of the general path (the fast path extends the lists a group at a time)."""
         row = len(self.keys)
+        self.credited_rows.append(row)
         self.obs.append(obs)
         self.rewards.append(reward)
         self.infos.append(_EMPTY_INFO if info is None else info)
@@ -59,6 +67,7 @@ class PolicyRows:
         """The columns the agent connectors and the policy see (see docs/DESIGN.md)."""
         n = len(self.keys)
         keys = np.array(self.keys, np.int64)
+        rewards = count_rewards_on_rows(key_table.reward_total, keys, self.rewards, self.credited_rows)
         flags = {}
         for name, marked in (
             ("terminateds", self.terminated_rows),
@@ -72,7 +81,7 @@ class PolicyRows:
         return AgentRows(
             {
                 "obs": self.obs,
-                "rewards": np.array(self.rewards, np.float32),
+                "rewards": rewards,
                 "terminateds": flags["terminateds"],
                 "truncateds": flags["truncateds"],
                 "infos": self.infos,
@@ -127,38 +136,73 @@ class RoundCollector:
         self._fake_obs_mode = fake_obs_mode
         self._keep_last_obs = fake_obs_mode == "last"
 
-    def collect(self, round_: Round, episode: MultiAgentEpisode, output: SubEnvOutput) -> None:
-        """Adds one sub-env's output, whole policy groups at once when nothing changed."""
-        env_obs, env_rewards = output.obs, output.rewards
-        if self._keep_last_obs:
-            episode.last_raw_obs.update(env_obs)
-        ledger = episode.rewards
-        if env_rewards:
-            ledger.receive(env_rewards)
-        layout = episode.layout
-        if (
-            layout is not None
-            and layout.agent_set == env_obs.keys()
-            and True not in output.terminateds.values()
-            and True not in output.truncateds.values()
-            and ledger.fast_path_ok(env_rewards, layout.agent_set)
-        ):
-            empty = repeat(_EMPTY_INFO)
-            env_infos = output.infos
-            rows_by_policy = round_.rows
-            for policy_id, agent_ids, keys in layout.groups:
+    def collect_unchanged(
+        self,
+        round_: Round,
+        polled: PollResult,
+        episodes: Mapping[int, MultiAgentEpisode],
+        skip: Container[int],
+    ) -> tuple[list[MultiAgentEpisode], list[int]]:
+        """The fast path, for the whole round at once: every polled sub-env whose agents
+        are exactly those of its last round, none done, and whose rewards each go on the
+        rewarded agent's own row (``RewardLedger.fast_path_ok``) has its rows copied a
+        policy group at a time from its episode's ``EpisodeLayout``.
+
+        Returns those sub-envs' episodes, and the other polled sub-envs (``skip``
+        excepted, in poll order) for ``collect``.
+        """
+        all_obs, all_rewards, all_terminateds, all_truncateds, all_infos = polled[:5]
+        rows_by_policy = round_.rows
+        keep_last_obs = self._keep_last_obs
+        rewards_on_rows = RewardLedger.rewards_on_rows
+        empty_info = repeat(_EMPTY_INFO)
+        taken, rest = [], []
+        for env_id, env_obs in all_obs.items():
+            episode = episodes.get(env_id)
+            layout = None if episode is None else episode.layout
+            if layout is None or type(env_obs) is not dict or layout.agent_set != env_obs.keys():
+                if env_id not in skip:
+                    rest.append(env_id)
+                continue
+            env_rewards = all_rewards.get(env_id) or _NOTHING
+            ledger = episode.rewards
+            if (
+                env_id in skip
+                or True in (all_terminateds.get(env_id) or _NOTHING).values()
+                or True in (all_truncateds.get(env_id) or _NOTHING).values()
+                or not ledger.fast_path_ok(env_rewards, layout.agent_set)
+            ):
+                if env_id not in skip:
+                    rest.append(env_id)
+                continue
+            if keep_last_obs:
+                episode.last_raw_obs.update(env_obs)
+            env_infos = all_infos.get(env_id) or _NOTHING
+            for policy_id, agent_ids, keys, values_of in layout.groups:
                 rows = rows_by_policy.get(policy_id) or round_.rows_for(policy_id)
-                rows.obs.extend(map(env_obs.__getitem__, agent_ids))
-                rows.rewards.extend(ledger.rewards_on_rows(env_rewards, agent_ids))
-                rows.infos.extend(map(env_infos.get, agent_ids, empty))
+                rows.obs.extend(values_of(env_obs))
+                rows.rewards.extend(rewards_on_rows(env_rewards, agent_ids, values_of))
+                try:
+                    rows.infos.extend(values_of(env_infos))
+                except KeyError:
+                    rows.infos.extend(map(env_infos.get, agent_ids, empty_info))
                 rows.keys.extend(keys)
-            return
+            taken.append(episode)
+        return taken, rest
+
+    def collect(self, round_: Round, episode: MultiAgentEpisode, output: SubEnvOutput) -> None:
+        """The general path for one sub-env: spawning and dying agents, held rewards,
+        episode ends, reset obs."""
+        if self._keep_last_obs:
+            episode.last_raw_obs.update(output.obs)
+        if output.rewards:
+            episode.rewards.receive(output.rewards)
         self._collect_per_agent(round_, episode, output)
 
     def _collect_per_agent(
         self, round_: Round, episode: MultiAgentEpisode, output: SubEnvOutput
     ) -> None:
-        """The general path: spawning and dying agents, held rewards, episode ends."""
+        """Agent by agent; the ledger decides each row's reward; the layout is remade."""
         all_terminated, all_truncated = output.all_terminated, output.all_truncated
         env_obs, env_terminateds, env_truncateds = output.obs, output.terminateds, output.truncateds
         slots = episode.slots
@@ -209,13 +253,7 @@ class RoundCollector:
                 group[0].append(slot.agent_id)
                 group[1].append(slot.key)
 
-        if episode_over:
-            episode.layout = None
-        else:
-            episode.layout = EpisodeLayout(
-                frozenset(a for ids, _ in groups.values() for a in ids),
-                [(pid, tuple(ids), tuple(keys)) for pid, (ids, keys) in groups.items()],
-            )
+        episode.layout = None if episode_over else EpisodeLayout(groups)
 
     def _fake_final_row(
         self, episode: MultiAgentEpisode, slot: AgentSlot, terminated: bool, truncated: bool

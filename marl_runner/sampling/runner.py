@@ -297,21 +297,22 @@ class EnvRunner:
         round_ = Round()
         episodes = self._episodes
         to_reset, self._to_reset = self._to_reset, set()
-        stepped, ended = [], []
-        for env_id, env_obs in polled.obs.items():
-            if env_id in to_reset:
-                continue  # left over from a step that did not finish; the reset replaces it
+        # Left-over sub-envs of a step that did not finish are skipped: their reset replaces them.
+        stepped, rest = self._collector.collect_unchanged(round_, polled, episodes.active, to_reset)
+        episodes.advance(stepped)
+        ended = []
+        for env_id in rest:
             output = polled.of(env_id)
-            if isinstance(env_obs, BaseException):
+            if isinstance(output.obs, BaseException):
                 if not output.all_terminated:
                     raise AssertionError(
                         f"sub-env {env_id} returned an exception but its terminateds['__all__'] "
-                        f"is not True: a failed sub-env must end its episode ({env_obs!r})"
+                        f"is not True: a failed sub-env must end its episode ({output.obs!r})"
                     )
-                outputs.append(episodes.drop(env_id, env_obs))
-                if not isinstance(env_obs, EpisodeFault):
+                outputs.append(episodes.drop(env_id, output.obs))
+                if not isinstance(output.obs, EpisodeFault):
                     # The sub-env itself failed (not, say, a client gone quiet): restart or raise.
-                    self._defer(episodes.recover, env_id, env_obs)
+                    self._defer(episodes.recover, env_id, output.obs)
                 to_reset.add(env_id)
                 continue
             episode = episodes.episode_for(env_id)

@@ -18,6 +18,8 @@ from marl_runner.sampling.rewards import add_rewards_after_done
 
 # Columns read from the *closing* row of a transition; all others come from its opening row.
 CLOSING_COLUMNS = ("rewards", "terminateds", "truncateds", "infos")
+# Columns handed out twice: from the opening row, and from the closing row under a second name.
+PAIRED_COLUMNS = {"obs": "new_obs", "env_state": "new_env_state"}
 KEY_COLUMN = "keys"
 
 
@@ -28,7 +30,7 @@ class KeyTable:
     transition has been handed out in a batch; then it is released.
     """
 
-    _ARRAYS = ("env_id", "eps_id", "agent_index", "next_t", "agent_id")
+    _ARRAYS = ("env_id", "eps_id", "agent_index", "next_t", "agent_id", "reward_total")
 
     def __init__(self, capacity: int = 256) -> None:
         self.env_id = np.zeros(capacity, np.int64)
@@ -37,6 +39,8 @@ class KeyTable:
         # Time index the key's next obs gets (its row count so far).
         self.next_t = np.zeros(capacity, np.int64)
         self.agent_id = np.empty(capacity, object)
+        # Rewards of the key's fast-path rows so far (see rewards.count_rewards_on_rows).
+        self.reward_total = np.zeros(capacity, np.float64)
         self.episode: list[Any] = [None] * capacity
         self._free = list(range(capacity - 1, -1, -1))
 
@@ -54,9 +58,19 @@ class KeyTable:
         self.eps_id[key] = episode.episode_id
         self.agent_index[key] = agent_index
         self.next_t[key] = 0
+        self.reward_total[key] = 0.0
         self.agent_id[key] = agent_id
         self.episode[key] = episode
         return key
+
+    def live_reward_totals(self, episode: Any) -> dict[Any, float]:
+        """``agent_id -> fast-path reward total`` of the episode's keys not released yet."""
+        owner, totals = self.episode, self.reward_total
+        return {
+            slot.agent_id: float(totals[slot.key])
+            for slot in episode.slots.values()
+            if owner[slot.key] is episode
+        }
 
     def take_t(self, keys: np.ndarray) -> np.ndarray:
         """The time index of one new row per key (keys are unique within a round)."""
@@ -65,8 +79,10 @@ class KeyTable:
         return t
 
     def release(self, keys: np.ndarray) -> None:
-        """Frees finished (or dropped) trajectories."""
-        for key in keys.tolist():
+        """Frees finished (or dropped) trajectories; their reward totals go to the episode."""
+        totals = self.reward_total[keys].tolist()
+        for key, total in zip(keys.tolist(), totals):
+            self.episode[key].rewards.bank(self.agent_id[key], total)
             self.episode[key] = None
             self.agent_id[key] = None
             self._free.append(key)
@@ -164,9 +180,9 @@ class PolicyTrajectories:
                 continue
             if name in CLOSING_COLUMNS:
                 batch[name] = column[closing]
-            elif name == "obs":
-                batch["obs"] = column[opening]
-                batch["new_obs"] = column[closing]
+            elif name in PAIRED_COLUMNS:
+                batch[name] = column[opening]
+                batch[PAIRED_COLUMNS[name]] = column[closing]
             else:
                 batch[name] = column[opening]
 
