@@ -19,6 +19,7 @@ from connectors import (
     AgentConnectorPipeline,
     ConnectorContext,
     ConnectorError,
+    EnvStateAgentConnector,
     build_pipeline,
 )
 from marl_runner.config import ConfigError
@@ -104,6 +105,7 @@ def build_entry(
         config={**policy_config, "normalize_actions": runner_config.normalize_actions},
     )
     agent_pipeline = _pipeline(spec.get("agent_connectors"), ctx, "agent", key)
+    _add_env_state(agent_pipeline, runner_config)
     action_pipeline = _pipeline(spec.get("action_connectors"), ctx, "action", key)
     try:
         policy = build_policy(
@@ -138,6 +140,7 @@ def _entry_for_ready_policy(
     agent_pipeline = policy.agent_connectors
     if agent_pipeline is None:
         agent_pipeline = _pipeline(None, ctx, "agent", key)
+    _add_env_state(agent_pipeline, runner_config)
     action_pipeline = policy.action_connectors
     if action_pipeline is None:
         action_pipeline = _pipeline(None, ctx, "action", key)
@@ -182,6 +185,12 @@ def spaces_fit(space: gym.Space, other: gym.Space) -> bool:
 
 def _agents(agent: Any) -> str:
     return "the agents" if agent is None else f"agent {agent!r}"
+
+
+def _add_env_state(pipeline: AgentConnectorPipeline, runner_config: Any) -> None:
+    """With ``env.capture_state``, the env's state leaves the infos first, as ``env_state``."""
+    if runner_config.env.get("capture_state") and EnvStateAgentConnector not in pipeline:
+        pipeline.prepend(EnvStateAgentConnector(pipeline.ctx))
 
 
 def _pipeline(

@@ -146,13 +146,16 @@ def check_env(env: Any) -> EnvSpec:
         )
     elif ":" in name:
         check_import_path(name, "env.name", "an env constructor")
-    return {
+    spec: EnvSpec = {
         "name": name.strip(),
         "config": check_str_keyed(
             env.get("config"), "env.config", "keyword arguments for the env constructor"
         ),
         "api": check_choice(env.get("api", "auto"), "env.api", ENV_APIS),
     }
+    if check_bool(env.get("capture_state", False), "env.capture_state"):
+        spec["capture_state"] = True  # left out when false: older configs' env dicts unchanged
+    return spec
 
 
 def _check_mapping_spec(

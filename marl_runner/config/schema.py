@@ -8,7 +8,7 @@ key is described. The keys of the built-in model types live with the models
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 import gymnasium as gym
 
@@ -47,6 +47,10 @@ ENV_KEYS = {
     "config": "Keyword arguments for that callable. Default: {}.",
     "api": "auto (detected), parallel, aec or multi_agent (a marl_runner MultiAgentEnv). "
     "Default: auto.",
+    "capture_state": "Record the env's global state (PettingZoo's state()) on every row, for "
+    "centralised critics: env_state (with obs) and new_env_state (with new_obs) columns, "
+    "computed where the env runs (any vectorize mode), never part of the observation. A "
+    "PettingZoo env without state() is an error when the runner is built. Default: false.",
 }
 #: The keys of one policy under ``policies``, with their reference text.
 POLICY_KEYS = {
@@ -81,6 +85,7 @@ class EnvSpec(TypedDict):
     name: str  # "module:callable" or a name given to register_env
     config: dict[str, Any]  # keyword arguments for the callable
     api: str  # one of ENV_APIS
+    capture_state: NotRequired[bool]  # present (True) only when asked for
 
 
 class PolicySpec(TypedDict):

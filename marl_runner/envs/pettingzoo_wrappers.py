@@ -11,6 +11,7 @@ from typing import Any
 import gymnasium as gym
 from pettingzoo import AECEnv, ParallelEnv
 
+from connectors.agent.env_state import ENV_STATE_INFO_KEY
 from marl_runner.envs.errors import EnvError
 from marl_runner.envs.multi_agent_env import AgentID, MultiAgentDict, MultiAgentEnv, StepResult
 
@@ -29,15 +30,66 @@ def _episode_end_flags(
     return not truncated_all, truncated_all
 
 
+_BASE_STATE_METHODS = (ParallelEnv.state, AECEnv.state)
+
+
+def _defines_state(env: Any) -> bool:
+    """Whether ``env.state()`` can work: the env's class (or a wrapper of the user's)
+    defines it, or, behind PettingZoo's own wrappers (which delegate), the unwrapped env's."""
+    outer = getattr(type(env), "state", None)
+    if outer is not None and outer not in _BASE_STATE_METHODS:
+        if not getattr(outer, "__module__", "").startswith("pettingzoo.utils"):
+            return True
+    inner = getattr(type(getattr(env, "unwrapped", env)), "state", None)
+    return inner is not None and inner not in _BASE_STATE_METHODS
+
+
+def _no_state_error(env: Any, why: str) -> EnvError:
+    return EnvError(
+        f"env.capture_state is true, but {type(getattr(env, 'unwrapped', env)).__qualname__} "
+        f"{why}; expected an env whose state() returns the global state (e.g. mpe2 "
+        "simple_spread), or env.capture_state: false"
+    )
+
+
 class _PettingZooSpaces(MultiAgentEnv):
-    """Space lookups shared by both wrappers.
+    """Space lookups shared by both wrappers, and the global state when asked for.
 
     Spaces are asked from the wrapped env on every call rather than cached,
     because some envs (e.g. PettingZoo's generated-agents fixtures) draw new
     spaces for new agent types each episode.
+
+    With ``capture_state`` every agent handed out gets ``env.state()`` in a
+    copy of its infos, under ``ENV_STATE_INFO_KEY``: computed here, where
+    the env lives (a subprocess worker or Ray actor too), once per call and
+    shared by the agents of that call. The runner's ``EnvStateAgentConnector``
+    moves it into the ``env_state`` column.
     """
 
     env: Any
+    capture_state: bool
+
+    def _init_state_capture(self, capture_state: bool) -> None:
+        """Refuses, when built, an env that cannot give its state."""
+        self.capture_state = bool(capture_state)
+        if self.capture_state and not _defines_state(self.env):
+            raise _no_state_error(self.env, "does not implement state() (PettingZoo's global state)")
+
+    def _with_state(self, obs: MultiAgentDict, infos: MultiAgentDict) -> MultiAgentDict:
+        """``infos`` with the env's state added for each agent in ``obs`` (copies, never the
+        env's own dicts); unchanged without ``capture_state`` or agents."""
+        if not self.capture_state or not obs:
+            return infos
+        try:
+            state = self.env.state()
+        except NotImplementedError:
+            raise _no_state_error(self.env, "raises NotImplementedError from state()") from None
+        if state is None:
+            raise _no_state_error(self.env, "returns None from state()")
+        return {
+            **infos,
+            **{agent: {**(infos.get(agent) or {}), ENV_STATE_INFO_KEY: state} for agent in obs},
+        }
 
     def _init_spaces(self) -> None:
         # Some envs (generated agents) have no `possible_agents`: their agents
@@ -60,7 +112,8 @@ class _PettingZooSpaces(MultiAgentEnv):
 
 
 class ParallelPettingZooEnv(_PettingZooSpaces):
-    """Wraps a `pettingzoo.ParallelEnv`; obs, rewards and infos pass through.
+    """Wraps a `pettingzoo.ParallelEnv`; obs, rewards and infos pass through (infos
+    copied, with the env's state added, under `capture_state`).
 
     Only `"__all__"` is added to copies of the flag dicts (never to the env's
     own dicts, which some envs keep using): the episode is over when
@@ -70,9 +123,10 @@ class ParallelPettingZooEnv(_PettingZooSpaces):
     no actions returns empty dicts instead of calling the env.
     """
 
-    def __init__(self, env: ParallelEnv) -> None:
+    def __init__(self, env: ParallelEnv, capture_state: bool = False) -> None:
         self.env = env
         self._init_spaces()
+        self._init_state_capture(capture_state)
         self._done_agents: set[AgentID] = set()
         self._episode_over = False
         self._warned_agents_kept = False
@@ -82,7 +136,8 @@ class ParallelPettingZooEnv(_PettingZooSpaces):
     ) -> tuple[MultiAgentDict, MultiAgentDict]:
         self._done_agents = set()
         self._episode_over = False
-        return self.env.reset(seed=seed, options=options)
+        obs, infos = self.env.reset(seed=seed, options=options)
+        return obs, self._with_state(obs, infos)
 
     def step(self, actions: MultiAgentDict) -> StepResult:
         if not actions and (self._episode_over or not self.env.agents):
@@ -107,7 +162,7 @@ class ParallelPettingZooEnv(_PettingZooSpaces):
         )
         terminateds = {**terminateds, "__all__": terminated_all}
         truncateds = {**truncateds, "__all__": truncated_all}
-        return obs, rewards, terminateds, truncateds, infos
+        return obs, rewards, terminateds, truncateds, self._with_state(obs, infos)
 
 
 class AECPettingZooEnv(_PettingZooSpaces):
@@ -129,6 +184,9 @@ class AECPettingZooEnv(_PettingZooSpaces):
     - `"__all__"`: true once `env.agents` is empty; terminated unless an
       agent that ended in that round was truncated (then truncated).
 
+    - `capture_state`: the env's state after the call, in copies of the infos
+      of every agent returned.
+
     `reset` returns only the first live agent to move (dead agents selected
     before it are stepped out silently: they never had a turn). A `step` with
     an empty action dict is a no-op returning empty dicts when no agent is left
@@ -136,9 +194,10 @@ class AECPettingZooEnv(_PettingZooSpaces):
     no progress is possible without that action.
     """
 
-    def __init__(self, env: AECEnv) -> None:
+    def __init__(self, env: AECEnv, capture_state: bool = False) -> None:
         self.env = env
         self._init_spaces()
+        self._init_state_capture(capture_state)
         self._rewards_before_step: MultiAgentDict = {}
 
     def reset(
@@ -154,7 +213,7 @@ class AECPettingZooEnv(_PettingZooSpaces):
         live_agent = env.agent_selection
         if len(obs) > 1:
             obs, infos = {live_agent: obs[live_agent]}, {live_agent: infos[live_agent]}
-        return obs, infos
+        return obs, self._with_state(obs, infos)
 
     def step(self, actions: MultiAgentDict) -> StepResult:
         env = self.env
@@ -171,7 +230,8 @@ class AECPettingZooEnv(_PettingZooSpaces):
             )
         env.step(actions[agent])
         self._add_step_rewards(rewards)
-        return self._advance_to_live_agent(rewards)
+        obs, rewards, terminateds, truncateds, infos = self._advance_to_live_agent(rewards)
+        return obs, rewards, terminateds, truncateds, self._with_state(obs, infos)
 
     def _add_step_rewards(self, rewards: MultiAgentDict) -> None:
         """Add the rewards of the last `env.step` call to `rewards`."""

@@ -14,7 +14,7 @@ from marl_runner.envs.pettingzoo_wrappers import AECPettingZooEnv, ParallelPetti
 
 EnvCreator = Callable[[dict[str, Any]], Any]
 API_CHOICES = ("auto", "parallel", "aec", "multi_agent")
-_ENV_CONFIG_KEYS = ("name", "config", "api")
+_ENV_CONFIG_KEYS = ("name", "config", "api", "capture_state")
 _API_CLASSES: dict[str, type] = {
     "parallel": ParallelEnv,
     "aec": AECEnv,
@@ -55,6 +55,7 @@ class EnvFactory:
 
     def __init__(self, env_config: Mapping[str, Any] | Any) -> None:
         self.name, self.config, self.api = _read_env_config(env_config)
+        self.capture_state = _capture_state(env_config)
         self.registered_creator = _registered_creators.get(self.name)
         if self.registered_creator is None:
             _import_callable(self.name)  # fail here, not in a worker process
@@ -65,7 +66,7 @@ class EnvFactory:
             env = _call_creator(self.name, self.registered_creator, self.config, as_kwargs=False)
         else:
             env = _call_creator(self.name, _import_callable(self.name), self.config, as_kwargs=True)
-        return _wrap(env, self.api, self.name)
+        return _wrap(env, self.api, self.name, self.capture_state)
 
 
 def _read_env_config(env_config: Mapping[str, Any] | Any) -> tuple[str, dict[str, Any], str]:
@@ -138,15 +139,29 @@ def _call_creator(
         ) from exc
 
 
-def _wrap(env: Any, api: str, name: str) -> MultiAgentEnv:
+def _capture_state(env_config: Mapping[str, Any] | Any) -> bool:
+    """``env.capture_state``: whether the PettingZoo wrapper hands out ``env.state()``."""
+    if isinstance(env_config, Mapping):
+        return bool(env_config.get("capture_state", False))
+    return bool(getattr(env_config, "capture_state", False))
+
+
+def _wrap(env: Any, api: str, name: str, capture_state: bool = False) -> MultiAgentEnv:
     """Put the right MultiAgentEnv adapter around what the creator returned."""
+    if capture_state and not isinstance(env, (ParallelEnv, AECEnv)):
+        raise EnvError(
+            f"env.capture_state is true, but env.name {name!r} returned a "
+            f"{type(env).__qualname__}, not a PettingZoo env (ParallelEnv or AECEnv) with "
+            "state(); a MultiAgentEnv of one's own can put its state in each agent's infos under "
+            "connectors.ENV_STATE_INFO_KEY and list EnvStateAgentConnector in agent_connectors"
+        )
     if api == "auto":
         if isinstance(env, MultiAgentEnv):
             return env
         if isinstance(env, ParallelEnv):
-            return ParallelPettingZooEnv(env)
+            return ParallelPettingZooEnv(env, capture_state)
         if isinstance(env, AECEnv):
-            return AECPettingZooEnv(env)
+            return AECPettingZooEnv(env, capture_state)
         raise EnvError(
             f"env.name {name!r} returned a {type(env).__qualname__}; expected a marl_runner "
             "MultiAgentEnv, a pettingzoo.ParallelEnv or a pettingzoo.AECEnv"
@@ -159,7 +174,7 @@ def _wrap(env: Any, api: str, name: str) -> MultiAgentEnv:
             "(api 'auto' detects the kind)"
         )
     if api == "parallel":
-        return ParallelPettingZooEnv(env)
+        return ParallelPettingZooEnv(env, capture_state)
     if api == "aec":
-        return AECPettingZooEnv(env)
+        return AECPettingZooEnv(env, capture_state)
     return env
