@@ -46,11 +46,14 @@ def vector_speedup(
 ) -> list[dict[str, Any]]:
     """Env steps/s of bare loop and runner, sync vs subprocess, per workload (medians)."""
     # Imported here: worker processes import this module for SlowSubEnv, and need no torch.
+    import torch
+
     from benchmarks.bare_loop import BareLoop
     from benchmarks.measure import time_runner
     from benchmarks.workloads import get_workload
     from marl_runner.sampling.runner import EnvRunner
 
+    torch.set_num_threads(1)  # as the runner sets it (torch_threads: 1), for the bare loop too
     rows = []
     for name in workloads:
         workload = get_workload(name)
