@@ -87,3 +87,34 @@ def test_trajectory_bounds_cut_at_agent_episode_and_time_gaps() -> None:
         }
     )
     assert train_mappo.trajectory_bounds(batch) == [(0, 2), (2, 4), (4, 5), (5, 6)]
+
+
+def _fake_run(run_dir: Path, rewards: list[float], random: float) -> Path:
+    run_dir.mkdir(parents=True)
+    lines = ["iteration,env_steps,episode_reward_mean"]
+    lines += [f"{i + 1},{800 * (i + 1)},{r}" for i, r in enumerate(rewards)]
+    (run_dir / "progress.csv").write_text("\n".join(lines) + "\n")
+    summary = {
+        "random_episode_reward_mean": random, "trained_episode_reward_mean": rewards[-1],
+        "env_steps": 800 * len(rewards), "train_wall_s": 1.0, "sps": 800.0,
+    }  # fmt: skip
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    return run_dir
+
+
+def test_compare_runs_draws_the_groups_and_lists_their_summaries(tmp_path: Path) -> None:
+    from examples import compare_runs
+
+    ippo = _fake_run(tmp_path / "ippo", [-80.0, float("nan"), -60.0], random=-90.0)
+    mappo = _fake_run(tmp_path / "mappo", [-70.0, -50.0, -40.0], random=-88.0)
+    out = tmp_path / "img" / "curves.png"
+    table = compare_runs.main([f"IPPO={ippo}", f"MAPPO={mappo}", "--out", str(out)])
+    assert out.read_bytes().startswith(b"\x89PNG")
+    assert [(row["label"], row["trained_episode_reward_mean"]) for row in table] == [
+        ("IPPO", -60.0), ("MAPPO", -40.0)
+    ]
+    np.testing.assert_array_equal(
+        compare_runs.smoothed(np.array([1.0, np.nan, 3.0, 5.0]), 2), [1.0, np.nan, 2.0, 4.0]
+    )
+    with pytest.raises(SystemExit):
+        compare_runs.main([f"IPPO={tmp_path / 'missing'}", "--out", str(out)])
