@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from marl_runner.metrics import PHASES, STEP_PHASES, PerfStats
+from marl_runner.sampling.columns import ColumnBuffer
 from marl_runner.sampling.env_output import PollResult, SubEnvOutput
 from marl_runner.sampling.rewards import RewardLedger, add_rewards_after_done
 
@@ -76,3 +77,19 @@ def test_step_timings_are_keyed_by_step_name_and_reported_as_phases() -> None:
     assert stats["mean_action_processing_ms"] == pytest.approx(3.0)
     with pytest.raises(KeyError):
         perf.record_step({"no_such_step": 0.1})
+
+
+def test_column_buffer_grows_zero_fills_missing_columns_and_keeps_rows_in_order() -> None:
+    buffer = ColumnBuffer()
+    buffer.append({"keys": np.arange(3), "obs": np.ones((3, 2), np.float32)}, 3)
+    buffer.append({"keys": np.arange(3, 303), "obs": np.ones((300, 2), np.float32), "a": np.full(300, 7)}, 300)
+    buffer.append({"keys": np.array([303])}, 1)  # a round without obs or actions
+    view = buffer.view()
+    assert buffer.size == 304 and view["obs"].shape == (304, 2) and view["obs"].dtype == np.float32
+    np.testing.assert_array_equal(view["keys"], np.arange(304))
+    np.testing.assert_array_equal(view["a"][[0, 2, 3, 302, 303]], [0, 0, 7, 7, 0])
+    assert view["obs"][303].tolist() == [0.0, 0.0]
+    buffer.keep(np.array([303, 5]))
+    np.testing.assert_array_equal(buffer.view()["keys"], [303, 5])
+    buffer.append({"keys": np.array([9])}, 1)  # stale data past the kept rows is not read back
+    np.testing.assert_array_equal(buffer.view()["a"], [0, 7, 0])

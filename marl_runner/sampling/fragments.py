@@ -53,12 +53,14 @@ class FragmentBuilder:
         self._env_steps[env_ids] += 1
         self._episode_steps[env_ids] += 1
 
-    def add_rows(self, policy_id: str, chunk: dict[str, Any], closing_env_ids: np.ndarray) -> None:
+    def add_rows(
+        self, policy_id: str, chunk: dict[str, Any], num_rows: int, closing_env_ids: np.ndarray
+    ) -> None:
         """Stores a policy's rows of one round; ``closing_env_ids`` has one entry per agent step."""
         store = self.stores.get(policy_id)
         if store is None:
             store = self.stores[policy_id] = PolicyTrajectories(policy_id)
-        store.add(chunk)
+        store.add(chunk, num_rows)
         if self._count_agent_steps and len(closing_env_ids):
             self._agent_steps += np.bincount(closing_env_ids, minlength=len(self._agent_steps))
 

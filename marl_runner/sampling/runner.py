@@ -419,11 +419,13 @@ class EnvRunner:
             chunk.update(action_columns.get(policy_id) or {})
             closing = ~rows["is_first"]
             self._metrics.num_agent_steps += int(closing.sum())
+            num_rows = len(rows)
             if untrained:
                 trained = ~np.isin(rows["env_ids"], list(untrained))
                 chunk = {name: column[trained] for name, column in chunk.items()}
                 closing &= trained
-            self._fragments.add_rows(policy_id, chunk, rows["env_ids"][closing])
+                num_rows = int(trained.sum())
+            self._fragments.add_rows(policy_id, chunk, num_rows, rows["env_ids"][closing])
 
     # ---- send
 

@@ -1,4 +1,4 @@
-"""Columnar trajectory storage: one chunk per policy per round, transitions built in bulk.
+"""Columnar trajectory storage: each policy's rows in column buffers, transitions built in bulk.
 
 Each stored row is one observation event of one agent: the obs (after agent
 connectors) with the reward credited with it, its flags and infos, and the
@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from marl_runner.batch import SampleBatch
+from marl_runner.sampling.columns import ColumnBuffer
 from marl_runner.sampling.rewards import add_rewards_after_done
 
 # Columns read from the *closing* row of a transition; all others come from its opening row.
@@ -106,28 +107,26 @@ class KeyTable:
 
 
 class PolicyTrajectories:
-    """The stored rows of one policy, as a list of per-round column chunks."""
+    """The stored rows of one policy, in growable column buffers (one row per obs event)."""
 
     def __init__(self, policy_id: str) -> None:
         self.policy_id = policy_id
-        self.chunks: list[dict[str, Any]] = []
+        self.rows = ColumnBuffer()
 
-    def add(self, chunk: dict[str, Any]) -> None:
-        """Stores one round's rows of this policy (one column chunk)."""
-        self.chunks.append(chunk)
+    def add(self, chunk: dict[str, Any], num_rows: int) -> None:
+        """Stores one round's rows of this policy."""
+        self.rows.append(chunk, num_rows)
 
     def extend(self, other: PolicyTrajectories) -> None:
         """Takes over another store's rows (a removed policy's, for its remapped agents)."""
-        self.chunks.extend(other.chunks)
-        other.chunks = []
+        if other.rows.size:
+            self.rows.append(other.rows.view(), other.rows.size)
+        other.rows.clear()
 
     def drop_keys(self, key_mask: np.ndarray) -> None:
         """Discards every row of the masked keys (a faulty episode's data)."""
-        if not self.chunks:
-            return
-        columns = _concat_chunks(self.chunks)
-        keep = ~key_mask[columns[KEY_COLUMN]]
-        self.chunks = [_take(columns, keep)] if keep.any() else []
+        if self.rows.size:
+            self.rows.keep(np.flatnonzero(~key_mask[self.rows.view()[KEY_COLUMN]]))
 
     def build(
         self, key_mask: np.ndarray, keys: KeyTable, unroll_id: int
@@ -139,19 +138,22 @@ class PolicyTrajectories:
         key's transitions in the batch (as a ``[num_keys, 3]`` array of
         key, start, stop) for per-trajectory post-processing.
         """
-        if not self.chunks:
+        if not self.rows.size:
             return None, np.zeros(0, np.int64), np.zeros((0, 3), np.int64)
-        columns = _concat_chunks(self.chunks)
+        columns = self.rows.view()
         row_keys = columns[KEY_COLUMN]
         selected = key_mask[row_keys]
-        kept = None
-        if not selected.all():
-            kept = _take(columns, ~selected)
-            columns = _take(columns, selected)
-            row_keys = columns[KEY_COLUMN]
+        if selected.all():
+            chosen, others = None, None
+        else:
+            chosen, others = np.flatnonzero(selected), np.flatnonzero(~selected)
+            row_keys = row_keys[chosen]
 
-        order = np.argsort(row_keys, kind="stable")
+        # Rows by key, time order kept within a key; ``order`` indexes the buffer's rows.
+        order = _stable_argsort(row_keys, keys.capacity)
         sorted_keys = row_keys[order]
+        if chosen is not None:
+            order = chosen[order]
         same_as_next = sorted_keys[:-1] == sorted_keys[1:]
         last_in_group = np.append(~same_as_next, True)
         done = (columns["terminateds"] | columns["truncateds"])[order]
@@ -160,33 +162,33 @@ class PolicyTrajectories:
         close_pos = open_pos + 1
         opening = order[open_pos]
         closing = order[close_pos]
-
         carry = order[last_in_group & ~done]
         finished = sorted_keys[last_in_group & done]
 
-        remaining = []
-        if len(carry):
-            remaining.append(_take(columns, carry))
-        if kept is not None:
-            remaining.append(kept)
-        self.chunks = remaining
-
-        if not len(open_pos):
+        batch = None
+        if len(open_pos):
+            transition_keys = sorted_keys[open_pos]
+            # Transitions that are the last of their trajectory in this batch.
+            segment_ends = np.flatnonzero(np.append(transition_keys[1:] != transition_keys[:-1], True))
+            batch = SampleBatch()
+            for name, column in columns.items():
+                if name == KEY_COLUMN:
+                    continue
+                # np.take: several times faster than fancy indexing for rows of arrays.
+                if name in CLOSING_COLUMNS:
+                    batch[name] = np.take(column, closing, axis=0)
+                elif name in PAIRED_COLUMNS:
+                    batch[name] = opened = np.take(column, opening, axis=0)
+                    batch[PAIRED_COLUMNS[name]] = _closing_of_pairs(
+                        opened, column, closing, segment_ends
+                    )
+                else:
+                    batch[name] = np.take(column, opening, axis=0)
+        # The last row of each unfinished trajectory (and every row not built) stays.
+        self.rows.keep(carry if others is None else np.sort(np.concatenate([carry, others])))
+        if batch is None:
             return None, finished, np.zeros((0, 3), np.int64)
 
-        batch = SampleBatch()
-        for name, column in columns.items():
-            if name == KEY_COLUMN:
-                continue
-            if name in CLOSING_COLUMNS:
-                batch[name] = column[closing]
-            elif name in PAIRED_COLUMNS:
-                batch[name] = column[opening]
-                batch[PAIRED_COLUMNS[name]] = column[closing]
-            else:
-                batch[name] = column[opening]
-
-        transition_keys = sorted_keys[open_pos]
         batch["eps_id"] = keys.eps_id[transition_keys]
         batch["env_id"] = keys.env_id[transition_keys]
         batch["agent_index"] = keys.agent_index[transition_keys]
@@ -195,6 +197,25 @@ class PolicyTrajectories:
             batch["seq_lens"] = np.ones(len(open_pos), np.int32)
         _add_rewards_after_done(batch, transition_keys, (last_in_group & done)[close_pos], keys)
         return batch, finished, _segments(transition_keys)
+
+
+def _closing_of_pairs(
+    opened: np.ndarray, column: np.ndarray, closing: np.ndarray, segment_ends: np.ndarray
+) -> np.ndarray:
+    """The closing rows' values of a paired column (``new_obs``): within a trajectory a
+    transition closes on the row the next one opens on, so all but each trajectory's last
+    come from ``opened`` shifted by one (a contiguous copy), the last ones from ``column``."""
+    out = np.empty_like(opened)
+    out[:-1] = opened[1:]
+    out[segment_ends] = np.take(column, closing[segment_ends], axis=0)
+    return out
+
+
+def _stable_argsort(keys: np.ndarray, num_keys: int) -> np.ndarray:
+    """Stable argsort of trajectory keys; as uint16 when they fit (numpy radix-sorts those)."""
+    if num_keys <= 1 << 16:
+        return np.argsort(keys.astype(np.uint16), kind="stable")
+    return np.argsort(keys, kind="stable")
 
 
 def _add_rewards_after_done(
@@ -217,32 +238,3 @@ def _segments(sorted_keys: np.ndarray) -> np.ndarray:
     starts = np.flatnonzero(np.insert(sorted_keys[1:] != sorted_keys[:-1], 0, True))
     stops = np.append(starts[1:], len(sorted_keys))
     return np.stack([sorted_keys[starts], starts, stops], axis=1)
-
-
-def _take(columns: dict[str, Any], index: np.ndarray) -> dict[str, Any]:
-    return {name: column[index] for name, column in columns.items()}
-
-
-def _concat_chunks(chunks: list[dict[str, Any]]) -> dict[str, Any]:
-    """Concatenates chunks column by column.
-
-    A round in which every row was done has no action-side columns (nothing
-    was evaluated); those rows only ever close transitions, so zeros fill in.
-    """
-    if len(chunks) == 1:
-        return chunks[0]
-    names: dict[str, Any] = {}
-    for chunk in chunks:
-        for name, column in chunk.items():
-            names.setdefault(name, column)
-    columns = {}
-    for name, example in names.items():
-        parts = []
-        for chunk in chunks:
-            part = chunk.get(name)
-            if part is None:
-                length = len(chunk[KEY_COLUMN])
-                part = np.zeros((length,) + example.shape[1:], example.dtype)
-            parts.append(part)
-        columns[name] = np.concatenate(parts, axis=0)
-    return columns
