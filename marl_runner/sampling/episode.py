@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from operator import itemgetter
-from typing import Any, NamedTuple
+from typing import Any
 
 from marl_runner.sampling.rewards import RewardLedger
 
@@ -23,35 +23,51 @@ class AgentSlot:
         self.done = False
 
 
-class LayoutGroup(NamedTuple):
-    """One policy's agents in an ``EpisodeLayout``: their ids, trajectory keys, and one
-    C-level call that reads their values out of an ``agent_id -> value`` dict."""
+class LayoutShape:
+    """Which agents observe, grouped by policy, with one C-level reader per group
+    (``values_of(d)``: the group's values out of an ``agent_id -> value`` dict, as a
+    tuple, KeyError if one is missing). Interned: sub-envs whose agents are grouped
+    alike share one, so a round can read all of their rows at once."""
 
-    policy_id: str
-    agent_ids: tuple
-    keys: tuple
-    values_of: Callable[[dict], tuple]
+    __slots__ = ("groups", "agent_set")
+
+    def __init__(self, groups: tuple[tuple[str, tuple], ...]) -> None:
+        self.groups = tuple((pid, ids, _values_of(ids)) for pid, ids in groups)
+        self.agent_set = frozenset(a for _, ids in groups for a in ids)
+
+
+_SHAPES: dict[tuple, LayoutShape] = {}
+# Distinct groupings are few in practice; envs that spawn fresh agent ids could make many.
+_MAX_SHAPES = 4096
+
+
+def layout_shape(groups: tuple[tuple[str, tuple], ...]) -> LayoutShape:
+    """The interned ``LayoutShape`` of ``((policy_id, agent_ids), ...)``."""
+    shape = _SHAPES.get(groups)
+    if shape is None:
+        if len(_SHAPES) >= _MAX_SHAPES:
+            _SHAPES.clear()
+        shape = _SHAPES[groups] = LayoutShape(groups)
+    return shape
 
 
 class EpisodeLayout:
-    """The agents that observed in the last round, grouped by policy.
+    """The agents that observed in the last round, grouped by policy, and their keys.
 
     When the next round has exactly the same agents, none done and no held
     rewards, their rows are copied a whole policy group at a time.
     """
 
-    __slots__ = ("agent_set", "groups")
+    __slots__ = ("shape", "group_keys")
 
     def __init__(self, groups: dict[str, tuple[list, list]]) -> None:
         """``groups``: ``policy_id -> (agent ids, trajectory keys)``."""
-        self.groups = [
-            LayoutGroup(pid, tuple(ids), tuple(keys), _values_of(ids)) for pid, (ids, keys) in groups.items()
-        ]
-        self.agent_set = frozenset(a for group in self.groups for a in group.agent_ids)
+        self.shape = layout_shape(tuple((pid, tuple(ids)) for pid, (ids, _) in groups.items()))
+        self.group_keys = tuple(tuple(keys) for _, keys in groups.values())
 
 
-def _values_of(agent_ids: list) -> Callable[[dict], tuple]:
-    """``d -> (d[a] for a in agent_ids)`` as a tuple, in one C call (KeyError if one is missing)."""
+def _values_of(agent_ids: tuple) -> Callable[[dict], tuple]:
+    """``d -> tuple(d[a] for a in agent_ids)`` in one C call."""
     if len(agent_ids) == 1:
         only = agent_ids[0]
         return lambda values: (values[only],)

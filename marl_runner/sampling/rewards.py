@@ -26,7 +26,7 @@ about rewards.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from itertools import repeat
+from itertools import chain
 from typing import Any, Protocol
 
 import numpy as np
@@ -80,16 +80,17 @@ class RewardLedger:
 
     @staticmethod
     def rewards_on_rows(
-        rewards: Mapping[Any, float],
-        agent_ids: Iterable[Any],
+        rewards: Sequence[Mapping[Any, float]],
+        agent_ids: Sequence[Any],
         values_of: Callable[[Mapping[Any, float]], tuple[float, ...]],
-    ) -> Iterable[float]:
-        """The reward of each row of ``agent_ids`` on the fast path: its own (``values_of``
-        reads them all at once), 0.0 for an agent given none."""
+    ) -> list[float]:
+        """The fast path's row rewards for one policy group of several sub-envs (one
+        rewards dict each): every row carries its own agent's reward (``values_of``
+        reads them all in one C call), 0.0 for an agent given none."""
         try:
-            return values_of(rewards)
+            return list(chain.from_iterable(map(values_of, rewards)))
         except KeyError:
-            return map(rewards.get, agent_ids, repeat(0.0))
+            return [given.get(agent_id, 0.0) for given in rewards for agent_id in agent_ids]
 
     def settle(
         self,

@@ -10,14 +10,15 @@ so an exception in the middle of a step leaves no half-filled rows behind.
 from __future__ import annotations
 
 from collections.abc import Callable, Container, Mapping
-from itertools import repeat
+from itertools import chain
+from operator import attrgetter, itemgetter
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from connectors.data import AgentRows
 from marl_runner.sampling.env_output import PollResult, SubEnvOutput
-from marl_runner.sampling.episode import AgentSlot, EpisodeLayout, MultiAgentEpisode
+from marl_runner.sampling.episode import AgentSlot, EpisodeLayout, LayoutShape, MultiAgentEpisode
 from marl_runner.sampling.fake_obs import fake_final_obs
 from marl_runner.sampling.rewards import RewardLedger, count_rewards_on_rows
 from marl_runner.sampling.trajectories import KeyTable
@@ -152,42 +153,44 @@ class RoundCollector:
         excepted, in poll order) for ``collect``.
         """
         all_obs, all_rewards, all_terminateds, all_truncateds, all_infos = polled[:5]
-        rows_by_policy = round_.rows
         keep_last_obs = self._keep_last_obs
-        rewards_on_rows = RewardLedger.rewards_on_rows
-        empty_info = repeat(_EMPTY_INFO)
         taken, rest = [], []
+        layouts, obs_dicts, reward_dicts, info_dicts = [], [], [], []
         for env_id, env_obs in all_obs.items():
             episode = episodes.get(env_id)
             layout = None if episode is None else episode.layout
-            if layout is None or type(env_obs) is not dict or layout.agent_set != env_obs.keys():
+            if (
+                layout is None
+                or type(env_obs) is not dict
+                or layout.shape.agent_set != env_obs.keys()
+            ):
                 if env_id not in skip:
                     rest.append(env_id)
                 continue
             env_rewards = all_rewards.get(env_id) or _NOTHING
-            ledger = episode.rewards
             if (
                 env_id in skip
                 or True in (all_terminateds.get(env_id) or _NOTHING).values()
                 or True in (all_truncateds.get(env_id) or _NOTHING).values()
-                or not ledger.fast_path_ok(env_rewards, layout.agent_set)
+                or not episode.rewards.fast_path_ok(env_rewards, layout.shape.agent_set)
             ):
                 if env_id not in skip:
                     rest.append(env_id)
                 continue
             if keep_last_obs:
                 episode.last_raw_obs.update(env_obs)
-            env_infos = all_infos.get(env_id) or _NOTHING
-            for policy_id, agent_ids, keys, values_of in layout.groups:
-                rows = rows_by_policy.get(policy_id) or round_.rows_for(policy_id)
-                rows.obs.extend(values_of(env_obs))
-                rows.rewards.extend(rewards_on_rows(env_rewards, agent_ids, values_of))
-                try:
-                    rows.infos.extend(values_of(env_infos))
-                except KeyError:
-                    rows.infos.extend(map(env_infos.get, agent_ids, empty_info))
-                rows.keys.extend(keys)
             taken.append(episode)
+            layouts.append(layout)
+            obs_dicts.append(env_obs)
+            reward_dicts.append(env_rewards)
+            info_dicts.append(all_infos.get(env_id) or _NOTHING)
+        if taken:
+            shape = layouts[0].shape
+            if all(layout.shape is shape for layout in layouts):
+                _add_alike(round_, shape, layouts, obs_dicts, reward_dicts, info_dicts)
+            else:
+                for group in zip(layouts, obs_dicts, reward_dicts, info_dicts):
+                    _add_alike(round_, group[0].shape, *([item] for item in group))
         return taken, rest
 
     def collect(self, round_: Round, episode: MultiAgentEpisode, output: SubEnvOutput) -> None:
@@ -262,6 +265,31 @@ class RoundCollector:
         space = self._original_obs_space(slot.policy_id)
         fake = fake_final_obs(space, self._fake_obs_mode, episode.last_raw_obs.get(slot.agent_id))
         return _Row(slot, fake, None, terminated, truncated, False)
+
+
+def _add_alike(
+    round_: Round,
+    shape: LayoutShape,
+    layouts: list[EpisodeLayout],
+    obs_dicts: list[dict],
+    reward_dicts: list[dict],
+    info_dicts: list[dict],
+) -> None:
+    """Rows of sub-envs whose agents are grouped alike (``shape``): per policy group,
+    each column read from every sub-env's dict by C-level iteration."""
+    for index, (policy_id, agent_ids, values_of) in enumerate(shape.groups):
+        rows = round_.rows_for(policy_id)
+        rows.obs.extend(chain.from_iterable(map(values_of, obs_dicts)))
+        rows.rewards.extend(RewardLedger.rewards_on_rows(reward_dicts, agent_ids, values_of))
+        try:
+            infos = list(chain.from_iterable(map(values_of, info_dicts)))
+        except KeyError:  # some agents without an info
+            infos = [info.get(agent_id, _EMPTY_INFO) for info in info_dicts for agent_id in agent_ids]
+        rows.infos.extend(infos)
+        rows.keys.extend(chain.from_iterable(map(itemgetter(index), map(_GROUP_KEYS, layouts))))
+
+
+_GROUP_KEYS = attrgetter("group_keys")
 
 
 class _Row(NamedTuple):
