@@ -13,6 +13,11 @@ worker threads (more wait in a 256-deep listen backlog), idle keep-alive
 connections close after a few seconds, and request bodies in flight share a
 memory budget (a request that finds none within `BODY_WAIT_S` gets 503 with
 `Retry-After`).
+
+Closing loses nothing that was answered 200: `close()` stops accepting,
+answers any new request 503, waits for the requests in progress, and only
+then lets the caller drain the uploads; an upload that outlives that wait is
+refused, never queued after the drain.
 """
 
 from __future__ import annotations
@@ -65,6 +70,9 @@ BINARY_MEMORY_FACTOR = 2
 TRIM_AFTER_BYTES = 8 * 1024 * 1024
 # How long a request waits for room in the memory budget before a 503.
 BODY_WAIT_S = 30.0
+# How long `close()` waits for the requests in progress to be answered.
+CLOSE_WAIT_S = 10.0
+STOPPING_MESSAGE = "the server is stopping; this request was not run"
 
 
 class ServerSetupError(ValueError):
@@ -103,11 +111,14 @@ class StateSync:
     def __init__(self) -> None:
         self._lock = threading.Condition()
         self._pending: list[_SyncRequest] = []
+        self._stopped: ExternalEnvStopped | None = None
 
     def exchange(self, deltas: dict, timeout_s: float = 30.0) -> bytes:
         """Queues a client's filter deltas; returns the encoded state once the runner merged them."""
         request = _SyncRequest(deltas)
         with self._lock:
+            if self._stopped is not None:
+                raise self._stopped
             self._pending.append(request)
             done = self._lock.wait_for(lambda: request.body is not None or request.error, timeout_s)
         if request.error is not None:
@@ -136,6 +147,15 @@ class StateSync:
                 request.body = body
             self._lock.notify_all()
 
+    def stop(self, reason: str) -> None:
+        """Fails the queued and later exchanges: no sampling loop will answer them any more."""
+        with self._lock:
+            self._stopped = ExternalEnvStopped(reason)
+            for request in self._pending:
+                request.error = self._stopped
+            self._pending = []
+            self._lock.notify_all()
+
 
 class PolicyServer:
     """Serves `runner` (built with `vectorize: external`) on `host:port`.
@@ -144,7 +164,9 @@ class PolicyServer:
     on_output)` runs the sampling loop in the calling thread until `stop` is
     set, handing every built batch, every batch uploaded by a local-inference
     client, and every episode's `RolloutMetrics` to `on_output`. `close()`
-    stops the endpoint; `runner.stop()` unblocks clients still waiting.
+    stops the endpoint once the requests in progress are answered; then
+    `drain_uploads` hands over every upload that was answered 200.
+    `runner.stop()` unblocks clients still waiting.
 
     Binding anything but a loopback address needs `token`: clients then send
     `Authorization: Bearer <token>` or get 401. A token on loopback is
@@ -195,6 +217,16 @@ class PolicyServer:
         self._httpd = _HTTPServer((host, port), _Handler, max_workers, idle_timeout_s)
         self._httpd.policy_server = self
         self._thread: threading.Thread | None = None
+        # Requests in progress, and whether close() began / uploads may still be queued.
+        self._requests = threading.Condition()
+        self._in_progress = 0
+        self._closing = False
+        self._uploads_open = True
+
+    @property
+    def closing(self) -> bool:
+        """Whether `close()` has begun: every request from then on is answered 503."""
+        return self._closing
 
     @property
     def address(self) -> str:
@@ -239,12 +271,45 @@ class PolicyServer:
             self.num_uploaded += 1
             on_output(batch)
 
-    def close(self) -> None:
-        """Stops accepting requests; workers end after their current connection."""
-        self._httpd.shutdown()
+    def close(self, timeout_s: float = CLOSE_WAIT_S) -> None:
+        """Stops the endpoint without losing an answered request.
+
+        New connections are no longer accepted and any new request, on a
+        connection already open too, gets 503 with `Connection: close`. The
+        requests in progress get up to `timeout_s` to be answered; uploads
+        still running after that are refused (503), so that `drain_uploads()`
+        called after `close()` sees every upload that was answered 200.
+        Weight syncs still waiting get 503: no sampling loop will answer them.
+        """
+        with self._requests:
+            self._closing = True
+        self.state_sync.stop(STOPPING_MESSAGE)
+        if self._thread is not None:
+            self._httpd.shutdown()  # the accept loop ends
+        with self._requests:
+            finished = self._requests.wait_for(lambda: self._in_progress == 0, timeout_s)
+            self._uploads_open = False
+            if not finished:
+                logger.warning(
+                    "closing with %d request(s) still in progress after %.1f s; uploads among "
+                    "them are refused (503)", self._in_progress, timeout_s,
+                )
         self._httpd.server_close()
         if self._thread is not None:
             self._thread.join(5)
+
+    def _begin_request(self) -> bool:
+        """Counts a request in progress; False once `close()` began (answer 503 instead)."""
+        with self._requests:
+            if self._closing:
+                return False
+            self._in_progress += 1
+            return True
+
+    def _end_request(self) -> None:
+        with self._requests:
+            self._in_progress -= 1
+            self._requests.notify_all()
 
     # ------------------------------------------------------------------ the API
 
@@ -298,7 +363,11 @@ class PolicyServer:
         return {}
 
     def _experiences(self, body: dict) -> dict:
-        self.uploads.put(batch_from_value(body, self.runner.policy_map))
+        batch = batch_from_value(body, self.runner.policy_map)
+        with self._requests:  # queued before close() stops waiting, or refused
+            if not self._uploads_open:
+                raise ExternalEnvStopped(f"{STOPPING_MESSAGE} (the upload was not written)")
+            self.uploads.put(batch)
         return {}
 
     def _observations(self, body: dict, *, allow_empty: bool = False) -> dict:
@@ -382,6 +451,16 @@ class _Handler(BaseHTTPRequestHandler):
     def _handle(self, method: str) -> None:
         server = self.server.policy_server
         content_type = self._content_type()
+        if not server._begin_request():
+            self._refuse_stopping(method, server.max_body_bytes, content_type)
+            return
+        try:
+            self._handle_request(server, method, content_type)
+        finally:
+            server._end_request()
+
+    def _handle_request(self, server: PolicyServer, method: str, content_type: str) -> None:
+        """Checks the token, path, content type and size, reserves memory, then answers."""
         if server.token is not None and not self._authorized(server.token):
             self._refuse(HTTPStatus.UNAUTHORIZED, "missing or wrong token: send "
                          "'Authorization: Bearer <token>'", content_type)
@@ -448,6 +527,19 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(status, {"error": str(exc), "type": type(exc).__name__}, content_type)
             return
         self._send_bytes(HTTPStatus.OK, payload, content_type)
+
+    def _refuse_stopping(self, method: str, limit: int, content_type: str) -> None:
+        """503 and `Connection: close` to a request that came after `close()` began.
+
+        A body of a sane declared size is read and dropped first, so that the
+        client, maybe still sending it, gets to read the answer.
+        """
+        self.close_connection = True
+        length_text = self.headers.get("Content-Length", "")
+        if method == "POST" and length_text.isdigit() and int(length_text) <= limit:
+            self._discard_body(int(length_text))
+        self._send(HTTPStatus.SERVICE_UNAVAILABLE,
+                   {"error": STOPPING_MESSAGE, "type": "ExternalEnvStopped"}, content_type)
 
     def _content_type(self) -> str:
         declared = self.headers.get("Content-Type", "").split(";")[0].strip()
