@@ -176,6 +176,29 @@ def test_direct_construction_and_replace_validate() -> None:
         dataclasses.replace(config, num_envs=0)
 
 
+def test_backend_keys_are_attributes_kept_by_replace_and_pickling() -> None:
+    config = RunnerConfig(
+        env={"name": "x:y"}, policies={"p": {}}, vectorize="subprocess", num_envs=4,
+        num_workers=2, num_envs_per_poll=2,
+    )
+    assert config.num_workers == 2 and config.vector_options["num_envs_per_poll"] == 2
+    assert config.pin_workers is True  # defaults filled in
+    replaced = dataclasses.replace(config, seed=5)
+    assert (replaced.seed, replaced.num_workers, replaced.num_envs_per_poll) == (5, 2, 2)
+    assert dataclasses.replace(config, num_workers=4).num_workers == 4
+    with pytest.raises(ConfigError, match=r"num_workers: got 5, expected at most num_envs \(4\)"):
+        dataclasses.replace(config, num_workers=5)
+    config.pin_workers = False
+    assert config.to_dict()["pin_workers"] is False
+    assert pickle.loads(pickle.dumps(config)) == config
+    with pytest.raises(AttributeError, match="no attribute 'num_worker'"):
+        config.num_worker  # noqa: B018
+    with pytest.raises(ConfigError, match="vector_options: unknown key"):
+        RunnerConfig.from_dict({**MINIMAL, "vector_options": {}})
+    with pytest.raises(ConfigError, match="env: missing"):
+        RunnerConfig(policies={"p": {}})
+
+
 def test_env_name_shorthand_and_registered_name() -> None:
     assert RunnerConfig.from_dict(config_with(env="pkg.mod:make")).env["name"] == "pkg.mod:make"
     assert RunnerConfig.from_dict(config_with(env={"name": "my_env"})).env["name"] == "my_env"

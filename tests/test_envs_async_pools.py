@@ -10,9 +10,7 @@ import pytest
 
 from marl_runner import EnvRunner, check_batch_invariants
 from marl_runner.envs import EnvError, SubprocessVectorEnv, SyncVectorEnv
-from marl_runner.envs.registry import EnvFactory
 from marl_runner.envs.testing import CheapEnv, CrashingEnv, assert_same
-from marl_runner.sampling import runner as runner_module
 from tests.runner_helpers import config
 from tests.test_envs_subprocess_vector import a_bit_slow_second_half, mixed_env, play_per_env
 
@@ -101,16 +99,11 @@ def test_bad_num_envs_per_poll_is_named(kwargs, message):
         (SPREAD, {"N": 3, "max_cycles": 25}, None, None),
     ],
 )
-def test_runner_batches_keep_every_invariant(monkeypatch, env_name, env_config, policies, mapping):
-    def with_async_pools(cfg):
-        return SubprocessVectorEnv(
-            EnvFactory(cfg.env), cfg.num_envs, seed=cfg.seed, num_workers=2, num_envs_per_poll=2
-        )
-
-    monkeypatch.setattr(runner_module, "make_vector_env", with_async_pools)
+def test_runner_batches_keep_every_invariant(env_name, env_config, policies, mapping):
     cfg = config(
         env_name, env_config=env_config, policies=policies, policy_mapping_fn=mapping,
         vectorize="subprocess", num_envs=4, rollout_fragment_length=25, seed=3,
+        num_workers=2, num_envs_per_poll=2,
     )
     with EnvRunner(cfg) as runner:
         assert runner.env.num_envs_per_poll == 2

@@ -28,6 +28,7 @@ from marl_runner.cli_common import (
 )
 from marl_runner.config import RunnerConfig
 from marl_runner.display import spaces_table
+from marl_runner.envs.vector_backends import vector_backend
 
 __all__ = ["add_validate_parser", "image_model_warnings", "is_image_shaped", "run_validate"]
 
@@ -106,9 +107,9 @@ class _RecordingMapping(CheckedMapping):
 
 
 def _validation_config(config: RunnerConfig) -> RunnerConfig:
-    """One sub-env stepped in this process: builds what sampling builds, at the least cost."""
-    vectorize = "external" if config.vectorize == "external" else "sync"
-    return dataclasses.replace(config, num_envs=1, vectorize=vectorize, num_workers=None)
+    """One sub-env, built by the backend's stand-in: what sampling builds, at the least cost."""
+    stand_in = vector_backend(config.vectorize).validate_with
+    return dataclasses.replace(config, num_envs=1, vectorize=stand_in)
 
 
 def _map_agents(

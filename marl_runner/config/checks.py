@@ -38,7 +38,8 @@ from marl_runner.config.values import (
     check_number,
     check_str_keyed,
 )
-from marl_runner.envs.vectorize import VECTORIZE_MODES
+from marl_runner.config.vector_checks import check_vector_options
+from marl_runner.envs.vector_backends import vector_backend_names
 
 __all__ = ["check_env", "check_fields"]
 
@@ -51,30 +52,21 @@ _INTS = {
     "num_runners": 0,
     "max_runner_restarts": 0,
 }
-_OPTIONAL_INTS = {"num_workers": 1, "seed": None, "torch_threads": 1, "max_episode_steps": 1}
+_OPTIONAL_INTS = {"seed": None, "torch_threads": 1, "max_episode_steps": 1}
 _BOOLS = (
     "restart_failed_sub_environments",
     "explore",
     "normalize_actions",
-    "async_poll",
-    "pin_workers",
     "check_env_outputs",
 )
 _CHOICES = {
-    "vectorize": VECTORIZE_MODES,
     "batch_mode": BATCH_MODES,
     "count_steps_by": STEP_COUNTS,
     "fake_obs": FAKE_OBS_MODES,
 }
-#: Number fields: what is expected, in words and as a test; the optional ones may be null.
-_NUMBERS = {
-    "remote_env_batch_wait_ms": ("a number >= 0", lambda v: v >= 0),
-    "remote_env_num_cpus": ("a number >= 0", lambda v: v >= 0),
-}
+#: Number fields: what is expected, in words and as a test; they may be null.
 _OPTIONAL_NUMBERS = {
     "ema_coef": ("a number in (0, 1] or null", lambda v: 0 < v <= 1),
-    "sub_env_step_timeout_s": ("a number of seconds > 0, or null", lambda v: v > 0),
-    "external_episode_timeout_s": ("a number of seconds > 0, or null", lambda v: v > 0),
 }
 
 
@@ -88,23 +80,13 @@ def check_fields(config: Any) -> None:
             setattr(config, name, check_int(getattr(config, name), name, minimum=minimum))
     for name in _BOOLS:
         setattr(config, name, check_bool(getattr(config, name), name))
+    config.vectorize = check_choice(config.vectorize, "vectorize", vector_backend_names())
     for name, choices in _CHOICES.items():
         setattr(config, name, check_choice(getattr(config, name), name, choices))
-    for name, (expected, ok) in _NUMBERS.items():
-        setattr(config, name, check_number(getattr(config, name), name, expected, ok))
     for name, (expected, ok) in _OPTIONAL_NUMBERS.items():
         if getattr(config, name) is not None:
             setattr(config, name, check_number(getattr(config, name), name, expected, ok))
-    if (
-        config.vectorize == "subprocess"
-        and config.num_workers is not None
-        and config.num_workers > config.num_envs
-    ):
-        raise ConfigError(
-            "num_workers",
-            f"got {config.num_workers}, expected at most num_envs ({config.num_envs}): "
-            "each worker process steps at least one sub-env",
-        )
+    check_vector_options(config)
     config.device = check_device(config.device)
     config.policies = check_policies(config.policies)
     config.policy_mapping_fn = _check_mapping_spec(config.policy_mapping_fn, config.policies)

@@ -1,7 +1,8 @@
 """The config reference (``docs/CONFIG.md``), written from the config schema itself.
 
-Every key's default and text come from ``RunnerConfig``'s fields, the key
-tables of ``marl_runner.config.schema`` and the models' ``MODEL_KEYS``, so the
+Every key's default and text come from ``RunnerConfig``'s fields, the keys
+registered with the ``vectorize`` backends, the key tables of
+``marl_runner.config.schema`` and the models' ``MODEL_KEYS``, so the
 reference cannot drift from the code (a test compares the committed file with
 this output)::
 
@@ -18,6 +19,8 @@ import yaml
 
 from marl_runner.config.runner_config import RunnerConfig
 from marl_runner.config.schema import ENV_KEYS, POLICY_KEYS, model_keys
+from marl_runner.config.vector_checks import vector_keys_for
+from marl_runner.envs.vector_backends import vector_backend, vector_backend_names
 
 __all__ = ["render"]
 
@@ -41,6 +44,10 @@ def render() -> str:
     """The whole reference as Markdown."""
     parts = [_INTRO, "## Top-level keys\n", _table(_runner_rows(), ("key", "default", "meaning"))]
     parts += [
+        "## `vectorize` backends\n",
+        "Each backend reads the top-level keys listed with it (the table above gives their "
+        "defaults and meaning) and ignores the others.\n",
+        _table(_backend_rows(), ("vectorize", "meaning", "its keys")),
         "## `env`\n",
         _table(((f"`{k}`", doc) for k, doc in ENV_KEYS.items()), ("key", "meaning")),
         "## `policies.<policy id>`\n",
@@ -61,11 +68,22 @@ def render() -> str:
 
 def _runner_rows() -> Iterable[tuple[str, str, str]]:
     for field in dataclasses.fields(RunnerConfig):
+        if field.name == "vector_options":  # the backends' keys, right after `vectorize`
+            for key in vector_keys_for(RunnerConfig).values():
+                yield f"`{key.name}`", f"`{_yaml(key.default)}`", key.doc
+            continue
         if field.default is not dataclasses.MISSING:
             default = f"`{_yaml(field.default)}`"
         else:
             default = "required"
         yield f"`{field.name}`", default, field.metadata["doc"]
+
+
+def _backend_rows() -> Iterable[tuple[str, str, str]]:
+    for name in vector_backend_names():
+        backend = vector_backend(name)
+        keys = ", ".join(f"`{key.name}`" for key in backend.keys) or "none"
+        yield f"`{name}`", backend.doc, keys
 
 
 def _yaml(value: Any) -> str:

@@ -22,6 +22,7 @@ from marl_runner.config.errors import ConfigError, kind_of, reject_unknown_keys
 from marl_runner.config.policy_checks import check_chain, connector_name
 from marl_runner.config.schema import BUILTIN_POLICY_CLASSES, REQUIRED_HINTS, EnvSpec, PolicySpec
 from marl_runner.config.spaces import space_to_spec
+from marl_runner.config.vector_checks import vector_keys_for
 from marl_runner.config.yaml_form import (
     StrictLoader,
     describe_yaml_error,
@@ -29,6 +30,7 @@ from marl_runner.config.yaml_form import (
     plain,
     set_dotted,
 )
+from marl_runner.envs.vector_backends import vector_keys
 
 __all__ = ["RunnerConfig"]
 
@@ -43,13 +45,15 @@ def _required(doc: str) -> Any:
     return dataclasses.field(metadata={"doc": doc})
 
 
-@dataclasses.dataclass(kw_only=True)
+@dataclasses.dataclass(kw_only=True, init=False)
 class RunnerConfig:
     """Everything an ``EnvRunner`` needs; see docs/CONFIG.md for the YAML form.
 
     Constructing one (directly, via ``from_dict``/``from_yaml`` or
     ``dataclasses.replace``) validates and normalises every field, raising
-    ``ConfigError`` on the first problem.
+    ``ConfigError`` on the first problem. The keys of the ``vectorize``
+    backends (registered with them, ``marl_runner.envs.vector_backends``) are
+    top-level keys too: held in ``vector_options``, read as attributes.
     """
 
     env: EnvSpec = _required(
@@ -61,23 +65,17 @@ class RunnerConfig:
     num_envs: int = _key(1, "Sub-envs stepped by one runner; one inference batch spans all of them.")
     vectorize: str = _key(
         "sync",
-        "How sub-envs are stepped: sync (in this process), subprocess (worker "
-        "processes), ray (one Ray actor each) or external (driven by an "
-        "ExternalMultiAgentEnv / policy clients).",
+        "How sub-envs are stepped: a vectorize backend (see `vectorize` backends below): "
+        "sync, subprocess, ray, external, or one registered with "
+        "marl_runner.envs.vector_backends.register_vector_backend. Each backend's own keys "
+        "follow this one.",
     )
-    num_workers: int | None = _key(
-        None, "subprocess: worker processes; null means min(num_envs, CPU cores)."
-    )
-    async_poll: bool = _key(
-        False,
-        "subprocess: poll returns the sub-envs that are ready instead of all of them, so "
-        "workers step while inference runs; faster, but which rows share a batch depends "
-        "on timing.",
-    )
-    pin_workers: bool = _key(
-        True,
-        "subprocess: pin each worker to its own core when workers plus this process fill "
-        "the machine (Linux); keeps the scheduler from stacking woken workers on one core.",
+    vector_options: dict[str, Any] = dataclasses.field(
+        default_factory=dict,
+        metadata={
+            "doc": "The vectorize backends' keys (num_workers, ...) with their values; each is a "
+            "top-level key in YAML and an attribute of the config."
+        },
     )
     rollout_fragment_length: int = _key(
         200,
@@ -97,11 +95,6 @@ class RunnerConfig:
         False,
         "Recreate a crashed sub-env and go on (its episode is dropped as faulty); false "
         "raises the sub-env's error from sample()/step().",
-    )
-    remote_env_batch_wait_ms: float = _key(
-        0,
-        "ray: how long poll waits for more sub-envs after the first answered, so one "
-        "forward pass batches more of them.",
     )
     fake_obs: str = _key(
         "zeros",
@@ -142,10 +135,6 @@ class RunnerConfig:
         "Torch intra-op threads for inference: small per-round batches run fastest on one "
         "thread; null leaves torch's setting alone.",
     )
-    sub_env_step_timeout_s: float | None = _key(
-        60.0,
-        "subprocess/ray: a step or reset slower than this is a fault; null waits forever.",
-    )
     max_consecutive_reset_failures: int = _key(
         5, "A sub-env whose resets fail this many times in a row raises, naming the last error."
     )
@@ -159,7 +148,6 @@ class RunnerConfig:
     max_episode_steps: int | None = _key(
         None, "Warn once when an episode has not ended after this many env steps; null: never."
     )
-    remote_env_num_cpus: float = _key(0, "ray: CPUs reserved for each sub-env actor.")
     num_runners: int = _key(
         0, "marl_runner.distributed: remote runners in a group; 0 samples locally only."
     )
@@ -171,12 +159,41 @@ class RunnerConfig:
         "marl_runner.distributed: the Ray cluster to join; null joins the running one or "
         "starts a local one.",
     )
-    external_episode_timeout_s: float | None = _key(
-        60.0, "external: an episode quiet this long ends as faulty; null: never."
-    )
-
-    def __post_init__(self) -> None:
+    def __init__(self, **values: Any) -> None:
+        """Takes every key by name, a backend's keys (``num_workers=2``) included."""
+        keys = vector_keys_for(RunnerConfig)
+        reject_unknown_keys(values, (*_FIELD_NAMES, "vector_options", *keys), prefix="")
+        options = dict(values.pop("vector_options", None) or {})
+        options.update((name, values.pop(name)) for name in list(values) if name in keys)
+        for field in dataclasses.fields(self):
+            if field.name == "vector_options":
+                value: Any = options
+            elif field.name in values:
+                value = values[field.name]
+            elif field.default is not dataclasses.MISSING:
+                value = field.default
+            else:
+                raise ConfigError(field.name, f"missing; {REQUIRED_HINTS[field.name]}")
+            object.__setattr__(self, field.name, value)
         check_fields(self)
+
+    def __getattr__(self, name: str) -> Any:
+        """A backend's key (``config.num_workers``): its value, else its registered default."""
+        options = self.__dict__.get("vector_options")
+        if options is not None:
+            if name in options:
+                return options[name]
+            key = vector_keys().get(name)
+            if key is not None:
+                return key.default
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Setting a backend's key updates ``vector_options``, so ``to_dict`` sees it."""
+        if name not in _FIELD_NAMES and name in vector_keys():
+            self.vector_options[name] = value
+        else:
+            object.__setattr__(self, name, value)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RunnerConfig:
@@ -185,7 +202,7 @@ class RunnerConfig:
             raise ConfigError(
                 None, f"a config must be a mapping of keys to values, got {kind_of(data)}"
             )
-        reject_unknown_keys(data, _FIELD_NAMES, prefix="")
+        reject_unknown_keys(data, (*_FIELD_NAMES, *vector_keys_for(cls)), prefix="")
         for required in ("env", "policies"):
             if required not in data:
                 raise ConfigError(required, f"missing; {REQUIRED_HINTS[required]}")
@@ -222,6 +239,9 @@ class RunnerConfig:
         out: dict[str, Any] = {}
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
+            if field.name == "vector_options":
+                out.update((name, plain(v)) for name, v in value.items())
+                continue
             if field.name == "policies":
                 value = {pid: _policy_to_dict(spec) for pid, spec in value.items()}
             out[field.name] = plain(value)
@@ -277,7 +297,8 @@ class RunnerConfig:
                 )
 
 
-_FIELD_NAMES = tuple(f.name for f in dataclasses.fields(RunnerConfig))
+#: The top-level keys that are fields; the backends' keys live in ``vector_options``.
+_FIELD_NAMES = tuple(f.name for f in dataclasses.fields(RunnerConfig) if f.name != "vector_options")
 
 
 def _policy_to_dict(spec: PolicySpec) -> dict[str, Any]:

@@ -1,0 +1,60 @@
+"""The ``vectorize`` backends' keys in a config: each checked, then the chosen backend's check.
+
+The keys, their defaults and checks are registered with the backends
+(``marl_runner.envs.vector_backends``); a config holds their values in
+``vector_options`` and reads them as attributes (``config.num_workers``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import marl_runner.envs.vectorize  # noqa: F401  (registers the built-in backends)
+from marl_runner.config.errors import ConfigError, reject_unknown_keys
+from marl_runner.envs.vector_backends import (
+    BackendConfigError,
+    VectorKey,
+    vector_backend,
+    vector_keys,
+)
+
+__all__ = ["check_vector_options", "vector_keys_for"]
+
+
+def vector_keys_for(config_class: type) -> dict[str, VectorKey]:
+    """The registered backends' keys; one named like a field of ``config_class`` is refused."""
+    keys = vector_keys()
+    for field in dataclasses.fields(config_class):
+        if field.name in keys:
+            raise ConfigError(
+                field.name,
+                "is a top-level config key and also a key of a registered vectorize backend; "
+                "the backend must name its key otherwise",
+            )
+    return keys
+
+
+def check_vector_options(config: Any) -> None:
+    """Checks and normalises ``config.vector_options`` in place (defaults filled in).
+
+    Runs after ``vectorize`` and ``num_envs`` are checked, since a backend's
+    own check compares its keys with them.
+    """
+    keys = vector_keys_for(type(config))
+    given = config.vector_options
+    reject_unknown_keys(given, tuple(keys), prefix="")
+    options: dict[str, Any] = {}
+    for name, key in keys.items():
+        value = given.get(name, key.default)
+        try:
+            options[name] = key.check(value)
+        except ValueError as exc:
+            raise ConfigError(name, f"got {value!r}, expected {exc}") from None
+    config.vector_options = options
+    backend = vector_backend(config.vectorize)
+    if backend.check is not None:
+        try:
+            backend.check(config)
+        except BackendConfigError as exc:
+            raise ConfigError(exc.key, exc.problem) from None
