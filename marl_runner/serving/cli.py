@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import math
 import os
 import signal
 import threading
@@ -111,6 +112,22 @@ def add_serve_parser(commands: Any, common: argparse.ArgumentParser) -> None:
         help="largest request body accepted (default 64 MB; bigger: 413)",
     )
     serve.add_argument(
+        "--max-workers",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="threads serving connections that sent a request (default: the larger of 64 and "
+        "2 x num_envs + 16); more connections wait for one, silent ones cost no thread",
+    )
+    serve.add_argument(
+        "--idle-timeout",
+        type=_positive_seconds,
+        default=None,
+        metavar="SECONDS",
+        help="close a connection with no request for this long (default 5), so idle clients "
+        "never hold the workers; PolicyClient reconnects by itself",
+    )
+    serve.add_argument(
         "--progress-interval",
         type=float,
         default=10.0,
@@ -185,6 +202,7 @@ def _serve(
                     args.port,
                     token=token,
                     max_body_bytes=int(args.max_body_mb * 1024 * 1024),
+                    **_capacity(args),
                 )
             except (ServerSetupError, OSError) as exc:
                 raise CommandError(f"cannot serve on {args.host}:{args.port}: {exc}") from exc
@@ -258,6 +276,23 @@ def _written_metrics(metrics: dict[str, Any], writer: _Writer) -> dict[str, Any]
             if writer.policy_episodes[pid]
         },
     }
+
+
+def _positive_seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds > 0 (0 would make sockets non-blocking)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text}")
+    return value
+
+
+def _capacity(args: argparse.Namespace) -> dict[str, Any]:
+    """The `PolicyServer` capacity arguments given on the command line (others: its defaults)."""
+    given = {"max_workers": args.max_workers, "idle_timeout_s": args.idle_timeout}
+    return {name: value for name, value in given.items() if value is not None}
 
 
 def _target(args: argparse.Namespace) -> tuple[str, int | None]:

@@ -1,0 +1,46 @@
+"""`marl-runner serve --max-workers N --idle-timeout S` reach the server's worker pool."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from marl_runner.cli import main
+from marl_runner.serving import server as server_module
+
+CONFIG = Path(__file__).resolve().parents[1] / "examples" / "configs" / "serve_drones.yaml"
+
+
+def test_max_workers_and_idle_timeout_reach_the_worker_pool(monkeypatch, capsys):
+    built: list[Any] = []
+
+    class Recorded(server_module.PolicyServer):
+        """Builds the real server, keeps its pool's settings, then refuses to serve."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            built.append((self._httpd.max_workers, self._httpd.idle_timeout_s))
+            self.close()
+            raise OSError("recorded; not serving")
+
+    monkeypatch.setattr(server_module, "PolicyServer", Recorded)
+    code = main(["serve", str(CONFIG), "--port", "0", "--max-workers", "7", "--idle-timeout", "2.5"])
+    assert code == 2 and "recorded; not serving" in capsys.readouterr().err
+    assert main(["serve", str(CONFIG), "--port", "0", "--set", "num_envs=40"]) == 2
+    assert built == [(7, 2.5), (96, 5.0)]  # without the flags: the defaults (2 x 40 + 16 workers)
+
+
+@pytest.mark.parametrize(
+    "flag, value, expected",
+    [("--max-workers", "0", "expected a positive integer, got 0"),
+     ("--idle-timeout", "0", "expected a number of seconds > 0, got 0"),
+     ("--idle-timeout", "nan", "expected a number of seconds > 0, got nan")],
+)
+def test_bad_capacity_values_are_refused_naming_the_value(capsys, flag, value, expected):
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", str(CONFIG), flag, value])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert flag in err and expected in err, err
