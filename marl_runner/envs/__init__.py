@@ -8,6 +8,7 @@ from marl_runner.envs.pettingzoo_wrappers import AECPettingZooEnv, ParallelPetti
 from marl_runner.envs.registry import make_env, register_env
 from marl_runner.envs.subprocess_vector_env import SubprocessVectorEnv
 from marl_runner.envs.sync_vector_env import SyncVectorEnv
+from marl_runner.envs.vector_backends import VectorBuild, VectorKey, register_vector_backend
 from marl_runner.envs.vector_factory import make_vector_env
 
 __all__ = [
@@ -19,7 +20,10 @@ __all__ = [
     "ParallelPettingZooEnv",
     "SubprocessVectorEnv",
     "SyncVectorEnv",
+    "VectorBuild",
+    "VectorKey",
     "make_env",
     "make_vector_env",
     "register_env",
+    "register_vector_backend",
 ]
