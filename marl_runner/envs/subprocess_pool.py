@@ -16,6 +16,7 @@ from typing import Any
 from marl_runner.envs.base_env import EnvID
 from marl_runner.envs.errors import EnvError
 from marl_runner.envs.multi_agent_env import MultiAgentEnv
+from marl_runner.envs.shared_buffers import SlotBlock
 from marl_runner.envs.shared_obs import SharedObsReader, unlink_blocks
 from marl_runner.envs.subprocess_protocol import receive, send
 from marl_runner.envs.subprocess_worker import worker_main
@@ -49,6 +50,11 @@ class SubprocessStats:
     step_requests: int = 0
     #: Sub-env steps whose results came back.
     env_steps: int = 0
+    #: Of those, results that came pickled (not through the slot block): episode
+    #: ends, values that do not fit their slot, non-empty infos, failures.
+    pickled_env_steps: int = 0
+    #: Step requests and replies pickled, not a byte with everything in the block.
+    pickled_step_messages: int = 0
     #: Resets answered from the reset obs a worker sent with the episode's last step.
     prefetched_resets: int = 0
     #: Resets that needed their own round trip (the first reset, after crashes,
@@ -88,6 +94,10 @@ class WorkerHandle:
         #: `[env_id or -1, monotonic start]` of the env call the worker is in.
         self.progress = progress
         self.obs_reader = SharedObsReader()
+        #: The per-step slot block (None: every step is pickled), set once ready.
+        self.slots: SlotBlock | None = None
+        #: env_id -> index among this worker's sub-envs (its slots).
+        self.local = {env_id: i for i, env_id in enumerate(env_ids)}
         self.alive = True
         self.in_flight: InFlight | None = None
         #: A reply read but not yet entered (an interruption came in between).
@@ -106,6 +116,9 @@ class WorkerHandle:
         self.process.join(timeout=SHUTDOWN_TIMEOUT_S)
         self.conn.close()
         self.obs_reader.detach()
+        if self.slots is not None:
+            self.slots.close()
+            self.slots = None
         unlink_blocks(self.block_prefix)
 
     def shut_down(self) -> None:
@@ -186,10 +199,13 @@ def await_ready(worker: WorkerHandle) -> None:
             "must guard its entry point with `if __name__ == '__main__':`, and cannot be "
             "read from stdin"
         ) from None
-    if reply != "ready":
+    if type(reply) is not tuple:
         raise EnvError(
             f"worker {worker.index} could not create its sub-envs {worker.env_ids}: {reply.error}"
         ) from reply.error
+    _, spec, block_name = reply
+    if spec is not None:
+        worker.slots = SlotBlock.attach(spec, block_name)
 
 
 def shut_down_all(workers: list[WorkerHandle]) -> None:

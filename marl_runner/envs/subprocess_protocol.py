@@ -7,8 +7,16 @@ in request order, so parent and worker never get out of step. Per sub-env
 results are the env's own result (a step's as a list), a `Crash` or a
 `Malformed`.
 
-A step reply is `(new_block_name, results, resets, env_s, busy_s)`: after a
-step that ended its episode (`"__all__"` terminated or truncated) the worker
+Steps travel through the worker's slot block (`shared_buffers`) when
+everything fits: the request is then the one byte `STEP` (actions, which
+sub-envs, in which order: all in the block) and the reply the one byte
+`DONE` (results and the worker's times in the block). Otherwise a step
+request is `("step", (request or None, new_key_sets))` (None: the actions
+are in the block) and the reply is pickled as below, a result entry being
+None where that sub-env's result is in the block.
+
+A pickled step reply is `(new_block_name, results, resets, new_key_sets, env_s,
+busy_s)`: after a step that ended its episode (`"__all__"` terminated or truncated) the worker
 resets that sub-env at once, unseeded, and ships the reset result in
 `resets` (env_id -> result), saving the parent a round trip; `env_s` is the
 time spent inside the envs' `step`/`reset`, `busy_s` the time from reading
@@ -27,6 +35,11 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from marl_runner.envs.errors import EnvError
+
+#: A step request whose actions are all in the worker's slot block.
+STEP = b"s"
+#: A step reply whose results are all in the worker's slot block.
+DONE = b"d"
 
 
 @dataclass

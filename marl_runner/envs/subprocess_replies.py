@@ -8,9 +8,9 @@ from typing import Any
 from marl_runner.envs.base_env import EnvID, PollResult, put_failure, put_reset
 from marl_runner.envs.errors import EnvError
 from marl_runner.envs.multi_agent_env import MultiAgentDict
-from marl_runner.envs.shared_obs import SharedObs
+from marl_runner.envs.shared_obs import SharedObs, SharedObsReader
 from marl_runner.envs.subprocess_pool import InFlight, SubprocessStats, WorkerHandle
-from marl_runner.envs.subprocess_protocol import Crash, Malformed
+from marl_runner.envs.subprocess_protocol import DONE, Crash, Malformed
 from marl_runner.envs.subprocess_restarts import RestartBook
 
 
@@ -52,30 +52,49 @@ class Replies:
             worker.reply = reply
             return
         if kind == "step":
-            new_block_name, results, resets, env_s, busy_s = reply
-        else:
-            new_block_name, results = reply
-        reader = worker.obs_reader
-        if new_block_name is not None and (
-            reader.block is None or reader.block.name.lstrip("/") != new_block_name.lstrip("/")
-        ):
-            reader.attach(new_block_name)
-        if kind != "step":
-            for (env_id, *_), result in zip(in_flight.request, results):
-                if type(result) is tuple and type(result[0]) is SharedObs:
-                    result = (reader.unpack(result[0]), result[1])
-                if kind == "reset":
-                    self.reset_replies[env_id] = result
-                else:
-                    put_reset(
-                        self.ready, env_id, *self.reset_outcome(env_id, result, raise_bad=False)
-                    )
+            self._enter_step(worker, in_flight, reply, stats)
             return
+        new_block_name, results = reply
+        reader = worker.obs_reader
+        _attach_if_new(reader, new_block_name)
+        for (env_id, *_), result in zip(in_flight.request, results):
+            if type(result) is tuple and type(result[0]) is SharedObs:
+                result = (reader.unpack(result[0]), result[1])
+            if kind == "reset":
+                self.reset_replies[env_id] = result
+            else:
+                put_reset(self.ready, env_id, *self.reset_outcome(env_id, result, raise_bad=False))
+
+    def _enter_step(
+        self, worker: WorkerHandle, in_flight: InFlight, reply: Any, stats: SubprocessStats
+    ) -> None:
+        """A step reply: results in the slot block (all of them for `DONE`, else those
+        whose entry is None) or pickled; resets sent with episode ends kept for try_reset."""
+        slots = worker.slots
+        if reply is DONE:
+            new_block_name, results, resets, new_sets = None, None, {}, ()
+            env_s, busy_s = slots.layout.times.tolist()
+        else:
+            new_block_name, results, resets, new_sets, env_s, busy_s = reply
+            stats.pickled_step_messages += 1
+            stats.pickled_env_steps += sum(result is not None for result in results)
+        reader = worker.obs_reader
+        _attach_if_new(reader, new_block_name)
+        for number, keys in new_sets:
+            slots.in_sets.learn(number, keys)
+        copies = None
+        if results is None or None in results:
+            copies = slots.read_results()
+            if results is None:
+                results = [None] * len(in_flight.request)
         stats.worker_env_s += env_s
         stats.worker_busy_s += busy_s
         stats.env_steps += len(results)
         obs, rewards, terminateds, truncateds, infos, off_policy_actions = self.ready
+        local = worker.local
         for (env_id, _), result in zip(in_flight.request, results):
+            if result is None:
+                result = slots.result(copies, local[env_id])
             if type(result) is list:
                 env_obs = result[0]
                 if type(env_obs) is SharedObs:
@@ -121,6 +140,14 @@ class Replies:
                 raise error
             self.bad_output = self.bad_output or error
         return error
+
+
+def _attach_if_new(reader: SharedObsReader, block_name: str | None) -> None:
+    """Attach to the worker's obs block when a reply names a new one."""
+    if block_name is not None and (
+        reader.block is None or reader.block.name.lstrip("/") != block_name.lstrip("/")
+    ):
+        reader.attach(block_name)
 
 
 def empty_poll() -> PollResult:

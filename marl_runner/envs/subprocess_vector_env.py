@@ -29,7 +29,7 @@ from marl_runner.envs.subprocess_pool import (
     await_ready,
     shut_down_all,
 )
-from marl_runner.envs.subprocess_protocol import Crash, send
+from marl_runner.envs.subprocess_protocol import DONE, STEP, Crash, send
 from marl_runner.envs.subprocess_replies import Replies
 from marl_runner.envs.subprocess_restarts import RestartBook, lost_worker_error, timeout_reason
 
@@ -67,10 +67,14 @@ class SubprocessVectorEnv(BaseEnv):
     from SyncVectorEnv's. Rendering after an episode's last step shows the
     new episode.
 
-    Messages are pickled lists of per-sub-env results over one pipe per
-    worker, except obs dicts of equal-shaped arrays: those go through a
-    shared-memory block per worker (see `shared_obs`), copied out when the
-    reply is read, before the worker's next request.
+    Steps go through a preallocated shared-memory block per worker (see
+    `shared_buffers`): actions, obs, rewards and flags in per-(sub-env,
+    agent) slots laid out from `possible_agents` and each agent's spaces,
+    one byte on the pipe each way. What does not fit its slot (spawned
+    agents, other shapes or dtypes, non-empty infos), failures and the
+    resets sent with episode ends travel pickled (obs dicts of equal-shaped
+    arrays then through a second block, see `shared_obs`). Results are
+    copied out when the reply is read, before the worker's next request.
 
     A sub-env exception becomes that sub-env's Exception entry, with the
     worker's traceback in its `__notes__`. A worker that dies (`os._exit`,
@@ -369,7 +373,10 @@ class SubprocessVectorEnv(BaseEnv):
         start = perf_counter()
         try:
             worker.in_flight = InFlight(kind, request, monotonic())
-            send(worker.conn, ("reset" if kind == "start" else kind, request))
+            if kind == "step":
+                self._send_step_message(worker, request)
+            else:
+                send(worker.conn, ("reset" if kind == "start" else kind, request))
         except OSError:
             self._lose(worker)
             return False
@@ -382,6 +389,22 @@ class SubprocessVectorEnv(BaseEnv):
             raise
         self.stats.parent_ipc_s += perf_counter() - start
         return True
+
+    def _send_step_message(self, worker: WorkerHandle, request: list[Any]) -> None:
+        """The step request: the actions into the worker's slot block and one byte
+        saying so, or pickled when one does not fit (or with key sets new to it)."""
+        slots = worker.slots
+        if slots is None:
+            send(worker.conn, ("step", (request, ())))
+        elif slots.write_request(worker.local, request):
+            if slots.unsent:
+                self.stats.pickled_step_messages += 1
+                send(worker.conn, ("step", (None, slots.take_unsent())))
+            else:
+                worker.conn.send_bytes(STEP)
+        else:
+            self.stats.pickled_step_messages += 1
+            send(worker.conn, ("step", (request, slots.take_unsent())))
 
     def _send_step(
         self,
@@ -498,7 +521,8 @@ class SubprocessVectorEnv(BaseEnv):
             self.stats.parent_wait_s += perf_counter() - start
         in_flight, data = worker.unread
         start = perf_counter()
-        self._replies.enter(worker, in_flight, pickle.loads(data), self.stats)
+        reply = DONE if data == DONE else pickle.loads(data)
+        self._replies.enter(worker, in_flight, reply, self.stats)
         worker.unread = None
         self.stats.parent_ipc_s += perf_counter() - start
 

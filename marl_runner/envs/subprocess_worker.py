@@ -9,6 +9,7 @@ sub-env that hung. A worker whose parent is gone exits quietly.
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 import time
 from collections.abc import Callable, MutableSequence, Sequence
@@ -19,8 +20,16 @@ from marl_runner.envs.base_env import EnvID, close_quietly
 from marl_runner.envs.checks import EnvOutputCheck, check_reset_result, check_step_result
 from marl_runner.envs.errors import EnvError
 from marl_runner.envs.multi_agent_env import MultiAgentDict, MultiAgentEnv
+from marl_runner.envs.shared_buffers import SlotBlock, layout_spec
 from marl_runner.envs.shared_obs import SharedObsWriter
-from marl_runner.envs.subprocess_protocol import Crash, Malformed, portable, receive, send
+from marl_runner.envs.subprocess_protocol import (
+    DONE,
+    STEP,
+    Crash,
+    Malformed,
+    portable,
+    send,
+)
 
 
 class _SubEnvs:
@@ -48,7 +57,7 @@ class _SubEnvs:
     def where(self, env_id: EnvID) -> str:
         return f"sub-env {env_id} (worker {self.worker_index})"
 
-    def step(self, env_id: EnvID, actions: MultiAgentDict, obs_writer: SharedObsWriter) -> Any:
+    def step(self, env_id: EnvID, actions: MultiAgentDict) -> Any:
         env = self.envs[env_id]
         progress = self.progress
         progress[1] = time.monotonic()
@@ -63,7 +72,7 @@ class _SubEnvs:
             return Crash(portable(error, self.where(env_id)))
         finally:
             progress[0] = -1.0
-        return [obs_writer.pack(obs), rewards, terminateds, truncateds, infos]
+        return [obs, rewards, terminateds, truncateds, infos]
 
     def reset(
         self,
@@ -98,7 +107,7 @@ class _SubEnvs:
         env_s = 0.0
         for env_id, actions in payload:
             start = clock()
-            result = self.step(env_id, actions, obs_writer)
+            result = self.step(env_id, actions)
             if type(result) is list and (result[2]["__all__"] or result[3]["__all__"]):
                 resets[env_id] = self.reset(env_id, None, None, obs_writer)
             env_s += clock() - start
@@ -157,13 +166,52 @@ def worker_main(
             where = f"creating sub-env {env_id} (worker {worker_index})"
             _send_quietly(conn, Crash(portable(error, where)))
             return
-    if not _send_quietly(conn, "ready"):
-        return
+    spec = layout_spec(sub_envs.envs[env_ids[0]], len(env_ids))
+    slots = None
+    if spec is not None:
+        slots = SlotBlock.create(spec, None if block_prefix is None else f"{block_prefix}slots")
     obs_writer = SharedObsWriter(block_prefix)
     try:
-        _serve(conn, sub_envs, obs_writer)
+        if _send_quietly(conn, ("ready", spec, slots and slots.name)):
+            _serve(conn, sub_envs, obs_writer, slots, list(env_ids))
     finally:
         obs_writer.close()
+        if slots is not None:
+            slots.close(unlink=True)
+
+
+def _step_reply(
+    slots: SlotBlock | None,
+    local: dict[EnvID, int],
+    request: Sequence[tuple[EnvID, MultiAgentDict]],
+    results: list[Any],
+    resets: dict[EnvID, Any],
+    obs_writer: SharedObsWriter,
+) -> tuple | None:
+    """Step results into the slots where they fit (their entry becomes None); None when
+    all did and nothing else needs saying, else the reply's
+    `(new_block_name, results, resets, new_key_sets)` to pickle."""
+    new: list[tuple[int, tuple]] = []
+    pickled = bool(resets)
+    for n, ((env_id, _), result) in enumerate(zip(request, results)):
+        if type(result) is not list:
+            pickled = True
+        elif slots is not None and slots.write_result(local[env_id], result, new):
+            results[n] = None
+        else:
+            result[0] = obs_writer.pack(result[0])
+            pickled = True
+    if not pickled and not new:
+        return None
+    return obs_writer.new_block_name(), results, resets, new
+
+
+def _send_bytes_quietly(conn: Connection, data: bytes) -> bool:
+    try:
+        conn.send_bytes(data)
+    except (OSError, EOFError):
+        return False
+    return True
 
 
 def _send_quietly(conn: Connection, message: Any) -> bool:
@@ -175,22 +223,45 @@ def _send_quietly(conn: Connection, message: Any) -> bool:
     return True
 
 
-def _serve(conn: Connection, sub_envs: _SubEnvs, obs_writer: SharedObsWriter) -> None:
-    """The worker's request loop; step replies are `(new_block_name, results,
-    resets, env_s, busy_s)`, reset replies `(new_block_name, results)`."""
+def _serve(
+    conn: Connection,
+    sub_envs: _SubEnvs,
+    obs_writer: SharedObsWriter,
+    slots: SlotBlock | None,
+    env_ids: list[EnvID],
+) -> None:
+    """The worker's request loop (messages: see `subprocess_protocol`)."""
     clock = time.perf_counter
     envs = sub_envs.envs
     worker_index = sub_envs.worker_index
+    local = {env_id: i for i, env_id in enumerate(env_ids)}
     while True:
         try:
-            command, payload = receive(conn)
+            data = conn.recv_bytes()
         except (EOFError, OSError):
             return  # the parent closed the pipe or died
+        start = clock()
+        if data == STEP:
+            command, payload = "step", (None, ())
+        else:
+            command, payload = pickle.loads(data)
         if command == "step":
-            start = clock()
+            request, new_sets = payload
+            if slots is not None:
+                for number, keys in new_sets:
+                    slots.in_sets.learn(number, keys)
+            if request is None:
+                request = [(env_ids[local], actions) for local, actions in slots.read_request()]
             obs_writer.start_reply()
-            results, resets, env_s = sub_envs.step_many(payload, obs_writer)
-            reply: Any = (obs_writer.new_block_name(), results, resets, env_s, clock() - start)
+            results, resets, env_s = sub_envs.step_many(request, obs_writer)
+            reply = _step_reply(slots, local, request, results, resets, obs_writer)
+            busy_s = clock() - start
+            if reply is None:
+                slots.layout.times[:] = (env_s, busy_s)
+                if not _send_bytes_quietly(conn, DONE):
+                    return
+                continue
+            reply = (*reply, env_s, busy_s)
         elif command == "reset":
             obs_writer.start_reply()
             results = [

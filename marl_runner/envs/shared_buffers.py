@@ -1,0 +1,530 @@
+"""Per-step data between SubprocessVectorEnv and a worker through preallocated shared memory.
+
+Pickling every step's actions, rewards, flags and infos costs both processes
+more than many envs' steps. Instead each worker gets one block laid out from
+`possible_agents` and each agent's spaces: per (sub-env, agent) a slot for
+the obs and one for the action (Box of any dtype, Discrete, MultiDiscrete,
+MultiBinary, Dict of those), a reward and the terminated/truncated flags
+(`"__all__"` in one more slot), plus per sub-env codes saying which agents
+each dict holds, in which order. Key tuples are numbered by the side that
+writes them as they first appear; a new one travels pickled once, with the
+message that first uses it, so both sides' tables stay equal.
+
+Whatever does not fit (an agent outside `possible_agents`, a value of
+another shape, dtype or type, non-empty infos) sends that sub-env's whole
+result (or the whole request) pickled instead, so what comes out always
+equals what went in: same keys in the same order, equal values (rewards
+come back as Python floats, or ints when the env gave ints; Discrete values
+as Python ints; arrays as copies of the slot).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from multiprocessing import shared_memory
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from marl_runner.envs.multi_agent_env import AgentID, MultiAgentDict
+
+#: The largest block a worker lays out; beyond it every step is pickled.
+MAX_BLOCK_BYTES = 1 << 30
+#: Distinct key tuples per direction; past it new ones take the pickled path.
+MAX_KEY_SETS = 4096
+_ALIGNMENT = 64
+_ALL = "__all__"
+# Per sub-env codes: obs, reward, terminated, truncated and infos key sets, reward kind,
+# key set of the obs Dicts' key order (-1: not Dicts).
+_OBS, _REW, _TERM, _TRUNC, _INFOS, _REW_KIND, _OBS_ORDER = range(7)
+_FLOAT_REWARDS, _INT_REWARDS = 0, 1
+
+
+class _Leaf:
+    """One array (or scalar) per slot: `shape` and `dtype` of a space's values."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: np.dtype, scalar: bool) -> None:
+        self.shape = shape
+        self.dtype = np.dtype(dtype)
+        self.scalar = scalar
+
+    def key(self) -> tuple:
+        return ("leaf", self.shape, self.dtype.str, self.scalar)
+
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+    def fits(self, value: Any) -> bool:
+        if self.scalar:
+            kind = type(value)
+            return (kind is int or isinstance(value, np.integer)) and kind is not bool
+        dtype = getattr(value, "dtype", None)
+        return (
+            type(value) is np.ndarray
+            and value.shape == self.shape
+            and (dtype is self.dtype or dtype == self.dtype)
+        )
+
+
+class _DictCodec:
+    """A Dict space: its keys, in order, each with its own codec."""
+
+    def __init__(self, keys: tuple, codecs: list[_Leaf | _DictCodec]) -> None:
+        self.keys = keys
+        self.codecs = codecs
+
+    def key(self) -> tuple:
+        return ("dict", self.keys, tuple(c.key() for c in self.codecs))
+
+    def leaves(self) -> list[_Leaf]:
+        out: list[_Leaf] = []
+        for codec in self.codecs:
+            out.extend(codec.leaves() if isinstance(codec, _DictCodec) else [codec])
+        return out
+
+
+def codec_for(space: gym.Space) -> _Leaf | _DictCodec | None:
+    """How values of `space` sit in a slot; None for spaces that always go pickled."""
+    if isinstance(space, gym.spaces.Box):
+        return _Leaf(tuple(space.shape), space.dtype, False)
+    if isinstance(space, gym.spaces.Discrete):
+        return _Leaf((), np.int64, True)
+    if isinstance(space, gym.spaces.MultiDiscrete | gym.spaces.MultiBinary):
+        return _Leaf(tuple(space.shape), space.dtype, False)
+    if isinstance(space, gym.spaces.Dict):
+        codecs = [codec_for(sub) for sub in space.spaces.values()]
+        if any(c is None for c in codecs):
+            return None
+        return _DictCodec(tuple(space.spaces), codecs)
+    return None
+
+
+class _Values:
+    """The slots of one kind of value (obs or actions) for every (sub-env, agent).
+
+    Agents sharing one array space ("uniform") live in one array
+    `[num_envs, num_agents, *shape]` written and read in bulk; otherwise
+    each agent has its own arrays per leaf of its codec.
+    """
+
+    def __init__(self, codecs: list[_Leaf | _DictCodec | None], num_envs: int) -> None:
+        self.codecs = codecs
+        self.num_envs = num_envs
+        first = codecs[0] if codecs else None
+        self.uniform = (
+            isinstance(first, _Leaf) and all(c is not None and c.key() == first.key() for c in codecs)
+        )
+        self.arrays: list[Any] = []
+
+    def specs(self) -> list[tuple[tuple[int, ...], np.dtype]]:
+        """The arrays to allocate, in order."""
+        if self.uniform:
+            leaf = self.codecs[0]
+            return [((self.num_envs, len(self.codecs), *leaf.shape), leaf.dtype)]
+        specs = []
+        for codec in self.codecs:
+            if codec is not None:
+                leaves = codec.leaves() if isinstance(codec, _DictCodec) else [codec]
+                specs.extend(((self.num_envs, *leaf.shape), leaf.dtype) for leaf in leaves)
+        return specs
+
+    def bind(self, arrays: list[np.ndarray]) -> None:
+        """Take the allocated arrays (per agent: one per leaf, None for no slot)."""
+        if self.uniform:
+            self.arrays = arrays
+            return
+        it = iter(arrays)
+        self.arrays = []
+        for codec in self.codecs:
+            if codec is None:
+                self.arrays.append(None)
+            else:
+                leaves = codec.leaves() if isinstance(codec, _DictCodec) else [codec]
+                self.arrays.append([next(it) for _ in leaves])
+
+    def write(
+        self, env: int, slots: Sequence[int], values: Sequence[Any], order: tuple | None = None
+    ) -> bool:
+        """Write one sub-env's values into the agents' `slots`; False if one does not fit.
+
+        `order`: the key order of Dict values (gymnasium sorts a Dict space's keys,
+        envs hand out their own order); None: the space's."""
+        codecs = self.codecs
+        if self.uniform:
+            leaf = codecs[0]
+            rows = self.arrays[0][env]
+            for slot, value in zip(slots, values):
+                if not leaf.fits(value):
+                    return False
+                rows[slot] = value
+            return True
+        for slot, value in zip(slots, values):
+            codec = codecs[slot]
+            if codec is None or not _write(codec, self.arrays[slot], env, value, 0, order):
+                return False
+        return True
+
+    def snapshot(self) -> Any:
+        """A private copy of every slot, taken before the block is written again."""
+        if self.uniform:
+            copy = self.arrays[0].copy()
+            return copy.tolist() if self.codecs[0].scalar else copy
+        return [None if a is None else [leaf.copy() for leaf in a] for a in self.arrays]
+
+    def read(
+        self,
+        snapshot: Any,
+        env: int,
+        slots: Sequence[int],
+        keys: tuple,
+        order: tuple | None = None,
+    ) -> MultiAgentDict:
+        """One sub-env's dict out of a snapshot: `keys` in order, values from `slots`
+        (Dict values with their keys in `order`)."""
+        if self.uniform:
+            rows = snapshot[env]
+            return dict(zip(keys, [rows[slot] for slot in slots]))
+        out = {}
+        for key, slot in zip(keys, slots):
+            out[key] = _read(self.codecs[slot], snapshot[slot], env, [0], order)
+        return out
+
+
+def _write(
+    codec: _Leaf | _DictCodec,
+    arrays: list[np.ndarray],
+    env: int,
+    value: Any,
+    at: int,
+    order: tuple | None = None,
+) -> bool:
+    """Write one value (a Dict's keys in `order`, nested ones in the space's)."""
+    if isinstance(codec, _Leaf):
+        if not codec.fits(value):
+            return False
+        arrays[at][env] = value
+        return True
+    if type(value) is not dict or tuple(value) != (order or codec.keys):
+        return False
+    if order and (len(order) != len(codec.keys) or any(k not in value for k in codec.keys)):
+        return False
+    for key, sub in zip(codec.keys, codec.codecs):
+        if not _write(sub, arrays, env, value[key], at):
+            return False
+        at += len(sub.leaves()) if isinstance(sub, _DictCodec) else 1
+    return True
+
+
+def _read(
+    codec: _Leaf | _DictCodec,
+    arrays: list[np.ndarray],
+    env: int,
+    at: list[int],
+    order: tuple | None = None,
+) -> Any:
+    if isinstance(codec, _Leaf):
+        array = arrays[at[0]]
+        at[0] += 1
+        return array[env].item() if codec.scalar else array[env]
+    values = {key: _read(sub, arrays, env, at) for key, sub in zip(codec.keys, codec.codecs)}
+    return {key: values[key] for key in order} if order else values
+
+
+class KeySets:
+    """Key tuples numbered in the order they first appear, and the slots they name."""
+
+    def __init__(self, agents: Sequence[AgentID]) -> None:
+        self.slot_of = {agent: i for i, agent in enumerate(agents)}
+        self.num_agents = len(agents)
+        self.ids: dict[tuple, int] = {}
+        self.keys: list[tuple] = []
+        #: Per key set: slot of each key (`"__all__"`: `num_agents`), None if one has none.
+        self.slots: list[list[int] | None] = []
+
+    def id_of(self, keys: tuple, new: list[tuple[int, tuple]]) -> int:
+        """`keys`' number, numbering it (and noting it in `new`) if unseen; -1 if full."""
+        known = self.ids.get(keys)
+        if known is not None:
+            return known
+        if len(self.keys) >= MAX_KEY_SETS:
+            return -1
+        number = self.learn(len(self.keys), keys)
+        new.append((number, keys))
+        return number
+
+    def learn(self, number: int, keys: tuple) -> int:
+        """Enter the key set the other side numbered (again, after an interruption: no-op)."""
+        if number == len(self.keys):
+            slot_of = self.slot_of
+            slots = [slot_of.get(key, self.num_agents if key == _ALL else -1) for key in keys]
+            self.ids[keys] = number
+            self.keys.append(keys)
+            self.slots.append(None if -1 in slots else slots)
+        return number
+
+
+class SlotLayout:
+    """Where everything of one worker's sub-envs lies in its block; the same on both sides.
+
+    Built from a picklable `spec` (agents, spaces, number of sub-envs) that
+    the worker sends the parent with the block's name.
+    """
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.spec = spec
+        self.agents: list[AgentID] = list(spec["agents"])
+        num_envs = self.num_envs = spec["num_envs"]
+        num_agents = len(self.agents)
+        self.obs = _Values([codec_for(s) for s in spec["obs_spaces"]], num_envs)
+        self.actions = _Values([codec_for(s) for s in spec["action_spaces"]], num_envs)
+        plain = [
+            ((num_envs, num_agents), np.float64),  # rewards
+            ((num_envs, num_agents + 1), np.bool_),  # terminateds, "__all__" last
+            ((num_envs, num_agents + 1), np.bool_),  # truncateds
+            ((num_envs, 7), np.int32),  # result codes: key sets, reward kind, Dict order
+            ((num_envs + 1,), np.int32),  # request: count, then local sub-env indices
+            ((num_envs,), np.int32),  # request: actions' key set per sub-env
+            ((2,), np.float64),  # reply: env_s, busy_s
+        ]
+        obs_specs, action_specs = self.obs.specs(), self.actions.specs()
+        self.offsets: list[int] = []
+        size = 0
+        for shape, dtype in [*plain, *obs_specs, *action_specs]:
+            size = -(-size // _ALIGNMENT) * _ALIGNMENT
+            self.offsets.append(size)
+            size += int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        self.size = max(size, 1)
+        self._shapes = [*plain, *obs_specs, *action_specs]
+        self._num_plain = len(plain)
+        self._num_obs = len(obs_specs)
+
+    def bind(self, buffer: memoryview) -> None:
+        arrays = [
+            np.ndarray(shape, dtype, buffer=buffer, offset=offset)
+            for (shape, dtype), offset in zip(self._shapes, self.offsets)
+        ]
+        (
+            self.rewards,
+            self.terminateds,
+            self.truncateds,
+            self.codes,
+            self.request,
+            self.action_sets,
+            self.times,
+        ) = arrays[: self._num_plain]
+        rest = arrays[self._num_plain :]
+        self.obs.bind(rest[: self._num_obs])
+        self.actions.bind(rest[self._num_obs :])
+
+    def release(self) -> None:
+        """Drop every view of the block, so that it can be closed."""
+        for name in (
+            "rewards", "terminateds", "truncateds", "codes", "request", "action_sets", "times"
+        ):
+            self.__dict__.pop(name, None)
+        self.obs.arrays = []
+        self.actions.arrays = []
+
+
+def layout_spec(env: Any, num_envs: int) -> dict[str, Any] | None:
+    """The layout spec of a worker running `num_envs` sub-envs like `env`, or None
+    when its agents or spaces cannot be read or the block would be too big."""
+    try:
+        agents = list(env.possible_agents)
+        spec = {
+            "agents": agents,
+            "obs_spaces": [env.get_observation_space(a) for a in agents],
+            "action_spaces": [env.get_action_space(a) for a in agents],
+            "num_envs": num_envs,
+        }
+        if not agents or SlotLayout(spec).size > MAX_BLOCK_BYTES:
+            return None
+    except Exception:
+        return None
+    return spec
+
+
+class SlotBlock:
+    """One side's handle on a worker's block: the layout bound to the shared memory and
+    the key sets this side has written (`out_sets`) and read (`in_sets`)."""
+
+    def __init__(self, spec: dict[str, Any], memory: shared_memory.SharedMemory) -> None:
+        self.layout = SlotLayout(spec)
+        self.memory = memory
+        self.layout.bind(memory.buf)
+        self.out_sets = KeySets(self.layout.agents)
+        self.in_sets = KeySets(self.layout.agents)
+        #: Key sets numbered here but not sent yet (the next message carries them).
+        self.unsent: list[tuple[int, tuple]] = []
+
+    @classmethod
+    def create(cls, spec: dict[str, Any], name: str | None) -> SlotBlock:
+        """The worker's side: make the block (named `name`, so a killer can free it)."""
+        size = SlotLayout(spec).size
+        return cls(spec, shared_memory.SharedMemory(name=name, create=True, size=size))
+
+    @classmethod
+    def attach(cls, spec: dict[str, Any], name: str) -> SlotBlock:
+        """The parent's side: bind to the worker's block."""
+        return cls(spec, shared_memory.SharedMemory(name=name))
+
+    @property
+    def name(self) -> str:
+        return self.memory.name
+
+    def close(self, unlink: bool = False) -> None:
+        self.layout.release()
+        self.memory.close()
+        if unlink:
+            try:
+                self.memory.unlink()
+            except FileNotFoundError:
+                pass
+
+    # ---- parent: actions out, results in
+
+    def write_request(
+        self, local: dict[int, int], request: Sequence[tuple[int, MultiAgentDict]]
+    ) -> bool:
+        """Put a step request in the block (`local`: env_id -> index in this worker);
+        False if an action does not fit. Key sets it numbered wait in `unsent`."""
+        layout = self.layout
+        sets = self.out_sets
+        new = self.unsent
+        indices = layout.request
+        action_sets = layout.action_sets
+        write = layout.actions.write
+        for n, (env_id, actions) in enumerate(request, 1):
+            env = local[env_id]
+            number = sets.id_of(tuple(actions), new)
+            slots = sets.slots[number] if number >= 0 else None
+            if slots is None or (slots and max(slots) >= len(layout.agents)):
+                return False
+            if not write(env, slots, list(actions.values())):
+                return False
+            indices[n] = env
+            action_sets[env] = number
+        indices[0] = len(request)
+        return True
+
+    def take_unsent(self) -> list[tuple[int, tuple]]:
+        unsent, self.unsent = self.unsent, []
+        return unsent
+
+    def read_results(self) -> tuple[Any, list, list, list, list]:
+        """Copies of every result slot, taken once per reply."""
+        layout = self.layout
+        return (
+            layout.obs.snapshot(),
+            layout.rewards.tolist(),
+            layout.terminateds.tolist(),
+            layout.truncateds.tolist(),
+            layout.codes.tolist(),
+        )
+
+    def result(self, copies: tuple, env: int) -> list:
+        """Sub-env `env`'s step result `[obs, rewards, terminateds, truncateds, infos]`."""
+        obs_copy, rewards, terminateds, truncateds, codes = copies
+        code = codes[env]
+        sets = self.in_sets
+        keys, slots = sets.keys, sets.slots
+        number, order = code[_OBS], code[_OBS_ORDER]
+        order = keys[order] if order >= 0 else None
+        obs = self.layout.obs.read(obs_copy, env, slots[number], keys[number], order)
+        number = code[_REW]
+        row = rewards[env]
+        values = [row[s] for s in slots[number]]
+        if code[_REW_KIND] == _INT_REWARDS:
+            values = [int(v) for v in values]
+        env_rewards = dict(zip(keys[number], values))
+        number = code[_TERM]
+        row = terminateds[env]
+        env_terminateds = dict(zip(keys[number], [row[s] for s in slots[number]]))
+        number = code[_TRUNC]
+        row = truncateds[env]
+        env_truncateds = dict(zip(keys[number], [row[s] for s in slots[number]]))
+        infos = {key: {} for key in keys[code[_INFOS]]}
+        return [obs, env_rewards, env_terminateds, env_truncateds, infos]
+
+    # ---- worker: actions in, results out
+
+    def read_request(self) -> list[tuple[int, MultiAgentDict]]:
+        """The step request in the block: `(local index, actions)` per sub-env, in order."""
+        layout = self.layout
+        count = int(layout.request[0])
+        envs = layout.request[1 : count + 1].tolist()
+        snapshot = layout.actions.snapshot()
+        sets = self.in_sets
+        read = layout.actions.read
+        numbers = layout.action_sets.tolist()
+        return [
+            (env, read(snapshot, env, sets.slots[numbers[env]], sets.keys[numbers[env]]))
+            for env in envs
+        ]
+
+    def write_result(self, env: int, result: Sequence[Any], new: list[tuple[int, tuple]]) -> bool:
+        """Put a step result in the block; False (write it pickled) if part does not fit."""
+        obs, rewards, terminateds, truncateds, infos = result
+        layout = self.layout
+        sets = self.out_sets
+        num_agents = len(layout.agents)
+        code = [0] * 7
+        number = code[_OBS] = sets.id_of(tuple(obs), new)
+        slots = sets.slots[number] if number >= 0 else None
+        if slots is None or (slots and max(slots) >= num_agents):
+            return False
+        values = list(obs.values())
+        order = None
+        code[_OBS_ORDER] = -1
+        if values and type(values[0]) is dict:
+            order = tuple(values[0])
+            code[_OBS_ORDER] = sets.id_of(order, new)
+            if code[_OBS_ORDER] < 0:
+                return False
+        if not layout.obs.write(env, slots, values, order):
+            return False
+        number = code[_REW] = sets.id_of(tuple(rewards), new)
+        slots = sets.slots[number] if number >= 0 else None
+        if slots is None or (slots and max(slots) >= num_agents):
+            return False
+        values = list(rewards.values())
+        kind = _reward_kind(values)
+        if kind is None:
+            return False
+        code[_REW_KIND] = kind
+        row = layout.rewards[env]
+        for slot, value in zip(slots, values):
+            row[slot] = value
+        for at, flags, array in (
+            (_TERM, terminateds, layout.terminateds),
+            (_TRUNC, truncateds, layout.truncateds),
+        ):
+            number = code[at] = sets.id_of(tuple(flags), new)
+            slots = sets.slots[number] if number >= 0 else None
+            if slots is None:
+                return False
+            row = array[env]
+            for slot, value in zip(slots, flags.values()):
+                if value is not True and value is not False and type(value) is not np.bool_:
+                    return False
+                row[slot] = value
+        for value in infos.values():
+            if type(value) is not dict or value:
+                return False
+        number = code[_INFOS] = sets.id_of(tuple(infos), new)
+        if number < 0:
+            return False
+        layout.codes[env] = code
+        return True
+
+
+def _reward_kind(values: list[Any]) -> int | None:
+    """Whether the rewards are all Python ints (kept as ints), else numbers (floats);
+    None when one is neither, or an int too big for a float64 to hold exactly."""
+    if all(type(v) is int for v in values):
+        return _INT_REWARDS if all(-(2**53) <= v <= 2**53 for v in values) else None
+    for v in values:
+        if not (type(v) is float or isinstance(v, int | np.floating | np.integer)):
+            return None
+    return _FLOAT_REWARDS
