@@ -266,7 +266,9 @@ def test_one_list_of_builtins_registered_and_exported():
     from connectors.registry import BUILTIN_CONNECTORS
 
     names = {cls.__name__ for cls in BUILTIN_CONNECTORS}
-    assert names == set(BUILTINS) | {"GrayscaleAgentConnector", "ResizeAgentConnector"}
+    assert names == set(BUILTINS) | {
+        "GrayscaleAgentConnector", "ResizeAgentConnector", "EnvStateAgentConnector"
+    }
     for cls in BUILTIN_CONNECTORS:
         assert getattr(connectors, cls.__name__) is cls and cls.__name__ in connectors.__all__
         assert cls.registry_name() == cls.__name__
