@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 CONFIG ?= examples/configs/kaz.yaml
 STEPS ?= 20000
 
-.PHONY: run test test-fast lint bench venv clean
+.PHONY: run test test-fast lint docs bench venv clean
 
 # pip's output goes to $(INSTALL_LOG) and is shown only when an install fails, so a
 # first `make run` prints the run, not setuptools' editable-install banner.
@@ -34,6 +34,10 @@ test-fast: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+
+# The API reference, from the docstrings, into build/api (git-ignored); fails on a pdoc warning.
+docs: $(STAMP)
+	$(BIN)/python scripts/build_api_docs.py build/api
 
 bench: $(STAMP)
 	$(BIN)/marl-runner bench
