@@ -36,6 +36,7 @@ def test_the_fast_path_needs_nothing_held_and_every_reward_on_an_observing_agent
     assert ledger.rewards_on_rows([{"a": 1.0, "b": 2.0}, {"a": 3.0}], ["a", "b"], both) == [1.0, 2.0, 3.0, 0.0]
     assert ledger.rewards_on_rows([{"a": 1.0, "b": 2.0}] * 2, ["a", "b"], both) == [1.0, 2.0] * 2
     assert not ledger.fast_path_ok({"c": 1.0}, observing)
+    assert ledger.fast_path_ok({"a": 1.0, "c": 0.0}, observing)  # a turn-based env's zero
     ledger.settle({"c": 1.0}, [], _slots(), [])  # held for c
     assert not ledger.fast_path_ok({"a": 1.0}, observing)
 

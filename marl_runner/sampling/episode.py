@@ -52,10 +52,11 @@ def layout_shape(groups: tuple[tuple[str, tuple], ...]) -> LayoutShape:
 
 
 class EpisodeLayout:
-    """The agents that observed in the last round, grouped by policy, and their keys.
+    """Agents that observe in a round, grouped by policy, and their trajectory keys.
 
-    When the next round has exactly the same agents, none done and no held
-    rewards, their rows are copied a whole policy group at a time.
+    When a later round has exactly these agents observing, none done and no
+    held rewards, their rows are copied a whole policy group at a time (a
+    parallel env's rounds repeat one layout; a turn-based env's alternate).
     """
 
     __slots__ = ("shape", "group_keys")
@@ -102,7 +103,9 @@ class MultiAgentEpisode:
         self.training_enabled = True
         self.start_time = time.perf_counter()
         self.slots: dict[Any, AgentSlot] = {}
-        self.layout: EpisodeLayout | None = None
+        # Layouts by the agents that observe (in obs order), made by the general path; a
+        # round whose obs agents match one takes the fast path. Cleared when an agent is done.
+        self.layouts: dict[tuple, EpisodeLayout] = {}
         self.rewards = RewardLedger()
         self._live_reward_totals = live_reward_totals
         # Env steps of this episode not yet built into a fragment.

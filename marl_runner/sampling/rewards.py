@@ -75,8 +75,13 @@ class RewardLedger:
 
     def fast_path_ok(self, rewards: Mapping[Any, float], observing: frozenset) -> bool:
         """Whether each row can carry just its own reward: nothing is held and every
-        reward goes to an agent in ``observing``; else the round needs ``settle``."""
-        return not self.held and rewards.keys() <= observing
+        nonzero reward goes to an agent in ``observing`` (a turn-based env hands the
+        others 0.0); else the round needs ``settle``."""
+        if self.held:
+            return False
+        if rewards.keys() <= observing:
+            return True
+        return not any(reward for agent_id, reward in rewards.items() if agent_id not in observing)
 
     @staticmethod
     def rewards_on_rows(

@@ -158,12 +158,12 @@ class RoundCollector:
         layouts, obs_dicts, reward_dicts, info_dicts = [], [], [], []
         for env_id, env_obs in all_obs.items():
             episode = episodes.get(env_id)
-            layout = None if episode is None else episode.layout
-            if (
-                layout is None
-                or type(env_obs) is not dict
-                or layout.shape.agent_set != env_obs.keys()
-            ):
+            layout = (
+                episode.layouts.get(tuple(env_obs))
+                if episode is not None and episode.layouts and type(env_obs) is dict
+                else None
+            )
+            if layout is None:
                 if env_id not in skip:
                     rest.append(env_id)
                 continue
@@ -188,9 +188,13 @@ class RoundCollector:
             shape = layouts[0].shape
             if all(layout.shape is shape for layout in layouts):
                 _add_alike(round_, shape, layouts, obs_dicts, reward_dicts, info_dicts)
-            else:
-                for group in zip(layouts, obs_dicts, reward_dicts, info_dicts):
-                    _add_alike(round_, group[0].shape, *([item] for item in group))
+            else:  # e.g. a turn-based env's sub-envs at different turns
+                alike: dict[LayoutShape, tuple[list, list, list, list]] = {}
+                for item in zip(layouts, obs_dicts, reward_dicts, info_dicts):
+                    for column, value in zip(alike.setdefault(item[0].shape, ([], [], [], [])), item):
+                        column.append(value)
+                for shape, columns in alike.items():
+                    _add_alike(round_, shape, *columns)
         return taken, rest
 
     def collect(self, round_: Round, episode: MultiAgentEpisode, output: SubEnvOutput) -> None:
@@ -211,6 +215,7 @@ class RoundCollector:
         slots = episode.slots
         rows: list[_Row] = []
         born_done = []
+        clean = True  # every obs agent gets a row that is not its last
         for agent_id, agent_obs in env_obs.items():
             terminated = all_terminated or bool(env_terminateds.get(agent_id, False))
             truncated = all_truncated or bool(env_truncateds.get(agent_id, False))
@@ -218,10 +223,12 @@ class RoundCollector:
             if slot is None:
                 if terminated or truncated:
                     born_done.append(agent_id)  # no transition to close, ever
+                    clean = False
                     continue
                 slot = self._new_slot(episode, agent_id)
                 is_first = True
             elif slot.done:
+                clean = False
                 continue  # a reward after it is done: the ledger keeps it
             else:
                 is_first = False
@@ -249,6 +256,7 @@ class RoundCollector:
             )
             if row.terminated or row.truncated:
                 slot.done = True
+                clean = False
             else:
                 group = groups.get(slot.policy_id)
                 if group is None:
@@ -256,7 +264,10 @@ class RoundCollector:
                 group[0].append(slot.agent_id)
                 group[1].append(slot.key)
 
-        episode.layout = None if episode_over else EpisodeLayout(groups)
+        if not clean:
+            episode.layouts.clear()  # a layout naming an agent now done must not be used
+        elif groups:
+            episode.layouts[tuple(env_obs)] = EpisodeLayout(groups)
 
     def _fake_final_row(
         self, episode: MultiAgentEpisode, slot: AgentSlot, terminated: bool, truncated: bool

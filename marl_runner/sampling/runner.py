@@ -166,7 +166,7 @@ class EnvRunner:
             self.policy_map.restore(policy_id, removed)
             raise
         for episode in self._episodes.active.values():
-            episode.layout = None
+            episode.layouts.clear()
         for slot, target in remapped:
             slot.policy_id = target
         self._fragments.move_rows(policy_id, targets.pop() if targets else None)
