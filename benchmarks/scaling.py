@@ -38,7 +38,9 @@ def measure_scaling(
     import ray
 
     from marl_runner.distributed import EnvRunnerGroup
+    from marl_runner.distributed.ray_auth import quiet_token_auth_notice
 
+    quiet_token_auth_notice()  # the notice only; token authentication stays on
     start = time.perf_counter()
     ray.init(include_dashboard=False, logging_level=logging.WARNING)
     report: dict[str, Any] = {"ray_init_s": time.perf_counter() - start, "rows": []}

@@ -87,7 +87,8 @@ def add_sample_parser(commands: Any, common: argparse.ArgumentParser) -> None:
         metavar="ADDR",
         help="with --runners: the Ray cluster to join (e.g. 'auto' or HEAD_IP:6379, see "
         "`ray start --head`); default: the config's ray_address, else the cluster running on "
-        "this machine, else a local Ray started for this command and ended after it",
+        "this machine, else a local Ray started for this command and ended after it; with Ray "
+        "token authentication, set RAY_AUTH_TOKEN to the head's token (docs/SCALING.md)",
     )
     sample.add_argument(
         "--progress-interval",

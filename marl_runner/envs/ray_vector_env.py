@@ -124,6 +124,10 @@ class RayVectorEnv(BaseEnv):
                 f"[1, num_envs={num_envs}]"
             )
         if not ray.is_initialized():
+            # Imported here: distributed imports the runner, which imports this module.
+            from marl_runner.distributed.ray_auth import quiet_token_auth_notice
+
+            quiet_token_auth_notice()  # the notice only; token authentication stays on
             ray.init(ignore_reinit_error=True)  # joins RAY_ADDRESS's cluster, else starts one
         self.num_envs = num_envs
         self.num_envs_per_poll = num_envs_per_poll
