@@ -182,3 +182,34 @@ def test_bad_config_values_raise_config_error_naming_the_key() -> None:
         EnvRunner({"env": {"name": CHEAP}, "policies": {"p": {}}, "rollout_fragment_length": 0})
     with pytest.raises(ConfigError, match="batch_mod"):
         EnvRunner({"env": {"name": CHEAP}, "policies": {"p": {}}, "batch_mod": "x"})
+
+
+def test_every_row_records_the_policy_version_that_chose_its_action() -> None:
+    with EnvRunner(_cheap(rollout_fragment_length=5)) as runner:
+        first = runner.sample().policy_batches["shared"]
+        assert runner.policy_versions() == {"shared": 0}
+        runner.set_weights(runner.get_weights())
+        runner.set_weights(runner.get_weights())
+        assert runner.policy_versions() == {"shared": 2}
+        second = runner.sample().policy_batches["shared"]
+    assert first["policy_version"].dtype == np.int64 and (first["policy_version"] == 0).all()
+    # A transition opened before the new weights arrived was chosen by the old ones.
+    opened_before = second["t"] == np.array(
+        [first["t"][(first["eps_id"] == e) & (first["agent_index"] == a)].max(initial=-2) + 1
+         for e, a in zip(second["eps_id"], second["agent_index"])]
+    )
+    assert opened_before.any() and (~opened_before).any()
+    np.testing.assert_array_equal(second["policy_version"], np.where(opened_before, 0, 2))
+
+
+def test_set_weights_bumps_the_version_once_per_call_and_not_when_it_fails() -> None:
+    class Nested(RandomPolicy):
+        def set_weights(self, weights):
+            super().set_weights(weights)
+
+    policy = Nested(gym.spaces.Box(0, 1, (2,)), gym.spaces.Discrete(2))
+    policy.set_weights({})
+    assert policy.policy_version == 1
+    with pytest.raises(ValueError, match="no weights"):
+        policy.set_weights({"w": np.zeros(1)})
+    assert policy.policy_version == 1

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 import gymnasium as gym
@@ -44,7 +45,20 @@ class Policy(abc.ABC):
         view_requirements: extra input columns the policy wants the agent
             connectors to provide, e.g. ``{"prev_actions": {...}}``; taken
             from ``config["view_requirements"]`` (default: none).
+        policy_version: how many times weights were loaded (``set_weights``,
+            also through ``set_state``), from 0; the runner stores it with
+            every row as ``policy_version``, the version that chose the action.
     """
+
+    policy_version: int = 0
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A subclass's own ``set_weights`` bumps ``policy_version`` too (once per call,
+        also when it calls ``super().set_weights``)."""
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("set_weights")
+        if own is not None and not getattr(own, "_bumps_version", False):
+            cls.set_weights = _bumping_version(own)  # type: ignore[method-assign]
 
     def __init__(
         self,
@@ -93,7 +107,8 @@ class Policy(abc.ABC):
         return {}
 
     def set_weights(self, weights: Mapping[str, np.ndarray]) -> None:
-        """Loads what :meth:`get_weights` returned; a policy without weights accepts only ``{}``."""
+        """Loads what :meth:`get_weights` returned; a policy without weights accepts only ``{}``.
+        Each call bumps ``policy_version``."""
         if weights:
             raise ValueError(
                 f"{type(self).__name__} has no weights, got weights named {sorted(weights)}"
@@ -120,3 +135,25 @@ class Policy(abc.ABC):
     ) -> SampleBatch:
         """Adds training columns (e.g. advantages) to one agent's trajectory; default: none."""
         return batch
+
+
+def _bumping_version(set_weights: Callable[..., None]) -> Callable[..., None]:
+    """``set_weights`` that adds one to ``policy_version`` after the outermost call succeeds."""
+
+    @functools.wraps(set_weights)
+    def wrapper(self: Policy, weights: Mapping[str, np.ndarray]) -> None:
+        if self.__dict__.get("_loading_weights"):
+            set_weights(self, weights)  # a super() call inside another set_weights
+            return
+        self._loading_weights = True
+        try:
+            set_weights(self, weights)
+        finally:
+            self._loading_weights = False
+        self.policy_version += 1
+
+    wrapper._bumps_version = True  # type: ignore[attr-defined]
+    return wrapper
+
+
+Policy.set_weights = _bumping_version(Policy.set_weights)  # type: ignore[method-assign]

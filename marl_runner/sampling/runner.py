@@ -189,6 +189,11 @@ class EnvRunner:
         """Loads weights per policy id (built policies only); each sets its policy's version."""
         self.policy_map.set_weights(weights)
 
+    def policy_versions(self) -> dict[str, int]:
+        """``policy_id -> policy_version`` of the built policies: how many times their
+        weights were set; rows record the version that chose their action."""
+        return {pid: policy.policy_version for pid, policy in self.policy_map.items()}
+
     def get_state(self) -> dict[str, Any]:
         """Weights and connector state (e.g. observation filter statistics) per policy."""
         return self.policy_map.get_state()
@@ -411,12 +416,15 @@ class EnvRunner:
     # ---- store
 
     def _store(self, rows_by_policy: dict[str, AgentRows], action_columns: dict) -> None:
-        """The round's rows with their actions go to the trajectory store (rows of
-        episodes kept out of training do not); agent steps are counted."""
+        """The round's rows with their actions and the policy version go to the trajectory
+        store (rows of episodes kept out of training do not); agent steps are counted."""
         untrained = self._episodes.untrained_env_ids
+        policies = self.policy_map
         for policy_id, rows in rows_by_policy.items():
             chunk = stored_columns(rows)
             chunk.update(action_columns.get(policy_id) or {})
+            # The weights that chose the row's action (every row of a round: same policy).
+            chunk["policy_version"] = np.full(len(rows), policies[policy_id].policy_version, np.int64)
             closing = ~rows["is_first"]
             self._metrics.num_agent_steps += int(closing.sum())
             num_rows = len(rows)
