@@ -81,7 +81,7 @@ WORKLOADS: dict[str, Workload] = {
             num_envs=64,
             policies=("even", "odd"),
             policy_mapping_fn={"agent_*[02468]": "even", "agent_*": "odd"},
-            target_ratio=0.5,
+            target_ratio=0.9,
         ),
         Workload(
             name="spread",
@@ -94,7 +94,7 @@ WORKLOADS: dict[str, Workload] = {
             num_envs=16,
             policies=("shared",),
             policy_mapping_fn=None,
-            target_ratio=0.9,
+            target_ratio=0.95,
         ),
         Workload(
             name="kaz",
@@ -108,7 +108,7 @@ WORKLOADS: dict[str, Workload] = {
             num_envs=8,
             policies=("archer", "knight"),
             policy_mapping_fn={"archer_*": "archer", "knight_*": "knight"},
-            target_ratio=0.9,
+            target_ratio=0.95,
         ),
         Workload(
             name="connect_four",
@@ -117,7 +117,7 @@ WORKLOADS: dict[str, Workload] = {
             num_envs=32,
             policies=("player_0", "player_1"),
             policy_mapping_fn={"player_0": "player_0", "player_1": "player_1"},
-            target_ratio=0.7,
+            target_ratio=0.9,
         ),
         Workload(
             name="pistonball",
