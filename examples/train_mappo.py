@@ -1,7 +1,8 @@
 """MAPPO on marl-runner batches: a shared actor on each agent's own obs, a centralised critic
-on the env's global state. The IPPO pieces come from ``examples/train_ppo.py``.
+on the env's global state.
 
-Same loop, flags and files as ``train_ppo.py`` (``--help`` lists them); what differs:
+Same loop, flags and files as ``examples/train_ppo.py`` (``--help`` lists them): its
+``run`` and ``train`` get ``MAPPO`` below, this file's learners and update. What differs:
 
 1. The config gets ``env.capture_state: true``: every row carries ``env_state``
    (PettingZoo's ``state()`` when the row's obs was seen) and ``new_env_state``
@@ -23,12 +24,8 @@ Only the actor's weights go back to the sampler; the critic lives in the learner
 from __future__ import annotations
 
 import argparse
-import contextlib
 import itertools
-import json
-import math
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -42,25 +39,23 @@ if str(REPO) not in sys.path:  # run as a script: make `examples.train_ppo` impo
     sys.path.insert(0, str(REPO))
 
 from examples.train_ppo import (  # noqa: E402
-    ProgressLog,
-    draw_curve,
-    evaluate,
+    Algorithm,
+    add_import_paths,
+    build_parser,
+    finish_args,
     make_config,
     make_learners,
-    make_sampler,
-    parse_args,
     ppo_update,
-    random_baseline,
     require_matplotlib,
+    run,
 )
 from marl_runner import (  # noqa: E402
     EnvRunner,
+    MultiAgentBatch,
     RunnerConfig,
     SampleBatch,
     TorchPolicy,
-    save_checkpoint,
 )
-from marl_runner.distributed import EnvRunnerGroup  # noqa: E402
 from marl_runner.policy.gae import compute_gae  # noqa: E402
 
 CRITIC_HIDDEN = (64, 64)
@@ -131,7 +126,9 @@ def trajectory_bounds(batch: SampleBatch) -> list[tuple[int, int]]:
     return list(zip(starts.tolist(), stops.tolist()))
 
 
-def central_gae(learner: CentralCriticLearner, batch: SampleBatch, args: argparse.Namespace) -> None:
+def central_gae(
+    learner: CentralCriticLearner, batch: SampleBatch, args: argparse.Namespace
+) -> None:
     """Adds ``vf_preds``, ``advantages`` and ``value_targets`` from the central critic.
 
     A trajectory that ends terminated is worth 0 after it; one cut by the fragment or
@@ -152,14 +149,17 @@ def central_gae(learner: CentralCriticLearner, batch: SampleBatch, args: argpars
 
 
 def make_central_learners(
-    runner: EnvRunner, args: argparse.Namespace, state_dim: int
+    runner: EnvRunner, args: argparse.Namespace, first_batch: MultiAgentBatch
 ) -> tuple[dict[str, CentralCriticLearner], dict[str, torch.optim.Optimizer]]:
-    """``train_ppo.make_learners``' actor copies, each with a critic, and one Adam for both."""
+    """``train_ppo.make_learners``' actor copies, each with a critic as wide as the first
+    batch's ``env_state``, and one Adam for both."""
+    state = next(iter(first_batch.policy_batches.values()))["env_state"]
     actors, _ = make_learners(runner, args)
     num_agents = len(runner.env.possible_agents)
     torch.manual_seed(args.seed)
     learners = {
-        pid: CentralCriticLearner(actor, state_dim, num_agents) for pid, actor in actors.items()
+        pid: CentralCriticLearner(actor, int(np.prod(state.shape[1:])), num_agents)
+        for pid, actor in actors.items()
     }
     optimizers = {
         pid: torch.optim.Adam(learner.parameters(), lr=args.lr, eps=1e-5)
@@ -168,116 +168,31 @@ def make_central_learners(
     return learners, optimizers
 
 
-def train(
-    runner: EnvRunner,
-    group: EnvRunnerGroup | None,
+def mappo_update(
+    learner: CentralCriticLearner,
+    optimizer: torch.optim.Optimizer,
+    batch: SampleBatch,
     args: argparse.Namespace,
-    log: ProgressLog,
-    run_dir: Path,
-) -> dict[str, Any]:
-    """``train_ppo.train``'s loop with central-critic learners, built on the first batch
-    (the critic's input width is the env state's)."""
-    sampler = runner if group is None else group
-    rng = np.random.default_rng(args.seed)
-    learners: dict[str, CentralCriticLearner] = {}
-    optimizers: dict[str, torch.optim.Optimizer] = {}
-    env_steps = agent_steps = iteration = 0
-    start = time.perf_counter()
-    while env_steps < args.total_env_steps:
-        iteration += 1
-        lr = args.lr * (1 - env_steps / args.total_env_steps) if args.anneal_lr else args.lr
-        sample_start = time.perf_counter()
-        batch = sampler.sample()
-        metrics = sampler.get_metrics()
-        env_steps += batch.env_steps()
-        agent_steps += batch.agent_steps()
+    rng: np.random.Generator,
+) -> dict[str, float]:
+    """The central critic's advantages, then ``train_ppo.ppo_update`` unchanged."""
+    central_gae(learner, batch, args)
+    return ppo_update(learner, optimizer, batch, args, rng)
 
-        train_start = time.perf_counter()
-        if not learners:
-            state = next(iter(batch.policy_batches.values()))["env_state"]
-            learners, optimizers = make_central_learners(runner, args, int(np.prod(state.shape[1:])))
-        stats = {}
-        for pid, learner in learners.items():
-            optimizers[pid].param_groups[0]["lr"] = lr
-            if pid in batch.policy_batches:
-                policy_batch = batch.policy_batches[pid]
-                central_gae(learner, policy_batch, args)
-                policy_stats = ppo_update(learner, optimizers[pid], policy_batch, args, rng)
-                stats.update({f"{pid}/{key}": value for key, value in policy_stats.items()})
-        weights = {pid: learner.get_weights() for pid, learner in learners.items()}
-        if group is None:
-            runner.set_weights(weights)
-        else:
-            group.sync_weights(weights)
-            group.sync_connector_states()
-        now = time.perf_counter()
 
-        log.write(
-            {
-                "iteration": iteration,
-                "env_steps": env_steps,
-                "agent_steps": agent_steps,
-                "wall_s": round(now - start, 3),
-                "sps": round(env_steps / (now - start), 1),
-                "sample_s": round(train_start - sample_start, 3),
-                "train_s": round(now - train_start, 3),
-                "episodes": metrics["episodes"],
-                "episode_reward_mean": metrics["episode_reward_mean"],
-                "episode_len_mean": metrics["episode_len_mean"],
-                "lr": lr,
-                **{
-                    f"{pid}/reward_mean": metrics["policy_reward_mean"].get(pid, math.nan)
-                    for pid in learners
-                },
-                **stats,
-            }
-        )
-        if iteration % args.checkpoint_every == 0:
-            save_checkpoint(runner, run_dir / "checkpoints" / f"iter_{iteration:05d}.ckpt")
-    save_checkpoint(runner, run_dir / "checkpoints" / "final.ckpt")
-    wall_s = time.perf_counter() - start
-    return {
-        "env_steps": env_steps,
-        "agent_steps": agent_steps,
-        "iterations": iteration,
-        "train_wall_s": round(wall_s, 1),
-        "sps": round(env_steps / wall_s, 1),
-    }
+# train_ppo's loop, run and files with these learners and this update.
+MAPPO = Algorithm("mappo", make_central_learners, mappo_update, run_tag="mappo-")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    return finish_args(build_parser(__doc__.split("\n\n")[0], MAPPO.run_tag), argv)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     require_matplotlib()
-    config = make_mappo_config(args)
-    env_name = args.config.stem if args.config else args.env
-    run_dir = args.run_dir or Path("runs") / f"{env_name}-mappo-{time.strftime('%Y%m%d-%H%M%S')}"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    print(f"run dir: {run_dir}", flush=True)
-
-    with contextlib.ExitStack() as stack:
-        runner, group = make_sampler(config, args, stack)
-        random_eval = random_baseline(config, args.eval_episodes)
-        policy_ids = [pid for pid, p in runner.policy_map.items() if isinstance(p, TorchPolicy)]
-        log = ProgressLog(run_dir, policy_ids, args.tensorboard, stack)
-        counts = train(runner, group, args, log, run_dir)
-        weights = runner.get_weights()
-
-    trained_eval = evaluate(config, args.eval_episodes, weights=weights)
-    print(f"trained policy: mean episode reward {trained_eval['episode_reward_mean']:.2f}")
-    summary = {
-        "env": env_name,
-        "algorithm": "mappo",
-        **counts,
-        "eval_episodes": args.eval_episodes,
-        "random_episode_reward_mean": random_eval["episode_reward_mean"],
-        "trained_episode_reward_mean": trained_eval["episode_reward_mean"],
-        "random_policy_reward_mean": random_eval["policy_reward_mean"],
-        "trained_policy_reward_mean": trained_eval["policy_reward_mean"],
-    }
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    draw_curve(log.rows, run_dir, f"{env_name} (MAPPO)", summary)
-    print(json.dumps(summary, indent=2))
-    return summary
+    add_import_paths()
+    return run(args, make_mappo_config(args), MAPPO)
 
 
 if __name__ == "__main__":

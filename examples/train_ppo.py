@@ -47,14 +47,16 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
 from marl_runner import (
     EnvRunner,
+    MultiAgentBatch,
     RunnerConfig,
     SampleBatch,
     TorchPolicy,
@@ -83,10 +85,10 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter
-    )
+def build_parser(description: str, run_tag: str = "") -> argparse.ArgumentParser:
+    """This example's flags; ``examples/train_mappo.py`` builds its parser here too, with its
+    own description and ``run_tag`` (the default run dir is ``runs/<env>-<run_tag><time>``)."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=HelpFormatter)
     # What to train on
     parser.add_argument(
         "--env",
@@ -121,7 +123,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="with --runners: the Ray cluster to join (e.g. HEAD_IP:6379); default: the "
         "config's ray_address, else the running one, else a local Ray started for this run",
     )
-    # How long
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        help="torch device the learners train on: cpu, cuda, cuda:N or auto (CUDA when "
+        "available); sampling stays on the config's device, weights go back as CPU arrays",
+    )
+    add_run_arguments(parser, run_tag)
+    add_ppo_arguments(parser)
+    return parser
+
+
+def add_run_arguments(parser: argparse.ArgumentParser, run_tag: str) -> None:
+    """How long a run trains and evaluates, and what it writes where."""
     parser.add_argument(
         "--total-env-steps",
         type=int,
@@ -144,7 +158,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--run-dir",
         type=Path,
         default=None,
-        help="where progress.csv, the plot and checkpoints go (default: runs/<env>-<time>)",
+        help="where progress.csv, the plot and checkpoints go "
+        f"(default: runs/<env>-{run_tag}<time>)",
     )
     parser.add_argument(
         "--smoke",
@@ -152,18 +167,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="tiny step counts, to check the whole pipeline runs in a few seconds (CI)",
     )
     parser.add_argument(
-        "--device",
-        default="cpu",
-        help="torch device the learners train on: cpu, cuda, cuda:N or auto (CUDA when "
-        "available); sampling stays on the config's device, weights go back as CPU arrays",
-    )
-    parser.add_argument(
         "--tensorboard",
         action="store_true",
         help="also write each progress.csv row as TensorBoard scalars to <run-dir>/tensorboard "
         "(needs pip install 'marl-runner[tensorboard]')",
     )
-    add_ppo_arguments(parser)
+
+
+def finish_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """Parses ``argv`` and checks it; ``--smoke`` shrinks every count so that a run takes
+    seconds."""
     args = parser.parse_args(argv)
     if args.runners < 0:
         parser.error(f"--runners {args.runners}: expected an int >= 0")
@@ -177,6 +190,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.eval_episodes, args.checkpoint_every = 2, 1
         args.total_env_steps = 60 * max(args.runners, 1)  # 3 iterations, runners or not
     return args
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    return finish_args(build_parser(__doc__.split("\n\n")[0]), argv)
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
@@ -295,6 +312,13 @@ def evaluate(config: RunnerConfig, episodes: int, **runner_kwargs: Any) -> dict[
     }
 
 
+def annealed_lr(args: argparse.Namespace, env_steps: int) -> float:
+    """``--lr``, decayed linearly to 0 over ``--total-env-steps`` with ``--anneal-lr``."""
+    if not args.anneal_lr:
+        return args.lr
+    return args.lr * (1 - env_steps / args.total_env_steps)
+
+
 def ppo_update(
     learner: TorchPolicy,
     optimizer: torch.optim.Optimizer,
@@ -400,6 +424,35 @@ def make_learners(
     return learners, optimizers
 
 
+class Algorithm(NamedTuple):
+    """What ``train`` and ``run`` need to know of a PPO variant (``examples/train_mappo.py``
+    passes its own).
+
+    ``make_learners(runner, args, first_batch)`` builds the learners and their optimisers
+    once the first batch is in (MAPPO's critic is as wide as the batch's ``env_state``); a
+    learner has what ``ppo_step`` uses (``evaluate``, ``parameters``, ``device``) and
+    ``get_weights``, what goes back to the sampler. ``update(learner, optimizer,
+    policy_batch, args, rng)`` trains one learner on its policy's rows and returns its
+    stats. ``name`` is summary.json's ``algorithm`` and titles the plot; ``run_tag`` goes
+    into the default run dir, ``runs/<env>-<run_tag><time>``.
+    """
+
+    name: str
+    make_learners: Callable[
+        [EnvRunner, argparse.Namespace, MultiAgentBatch],
+        tuple[dict[str, Any], dict[str, torch.optim.Optimizer]],
+    ]
+    update: Callable[
+        [Any, torch.optim.Optimizer, SampleBatch, argparse.Namespace, np.random.Generator],
+        dict[str, float],
+    ]
+    run_tag: str = ""
+
+
+# Independent PPO: each TorchPolicy's learner copy, updated on its own rows by ppo_update.
+PPO = Algorithm("ppo", lambda runner, args, _first_batch: make_learners(runner, args), ppo_update)
+
+
 def random_baseline(config: RunnerConfig, episodes: int) -> dict[str, Any]:
     """``evaluate`` with the config's policies acting at random; each keeps its connector
     chains (frame stacks, resizes), so it sees what the trained one sees."""
@@ -415,18 +468,32 @@ def random_baseline(config: RunnerConfig, episodes: int) -> dict[str, Any]:
     return result
 
 
+def progress_fields(policy_ids: list[str]) -> list[str]:
+    """progress.csv's columns: counts, timings and episode metrics, then each policy's
+    reward and update stats."""
+    fieldnames = [
+        "iteration", "env_steps", "agent_steps", "wall_s", "sps", "sample_s", "train_s",
+        "episodes", "episode_reward_mean", "episode_len_mean", "lr",
+    ]  # fmt: skip
+    return fieldnames + [
+        f"{pid}/{key}" for pid in policy_ids for key in ("reward_mean", *STAT_KEYS)
+    ]
+
+
 class ProgressLog:
-    """progress.csv, one row per iteration (and each row as TensorBoard scalars with
-    ``--tensorboard``); the files close with ``stack``."""
+    """progress.csv, one row per iteration, each also printed as a line with its steps/s and
+    with ``tensorboard`` written as TensorBoard scalars; the files close with ``stack``.
+
+    Shared with the Connect Four examples, which log their own ``fieldnames``.
+    """
 
     def __init__(
-        self, run_dir: Path, policy_ids: list[str], tensorboard: bool, stack: contextlib.ExitStack
+        self,
+        run_dir: Path,
+        fieldnames: list[str],
+        stack: contextlib.ExitStack,
+        tensorboard: bool = False,
     ) -> None:
-        fieldnames = [
-            "iteration", "env_steps", "agent_steps", "wall_s", "sps", "sample_s", "train_s",
-            "episodes", "episode_reward_mean", "episode_len_mean", "lr",
-        ]  # fmt: skip
-        fieldnames += [f"{pid}/{key}" for pid in policy_ids for key in ("reward_mean", *STAT_KEYS)]
         self.file = stack.enter_context(
             (run_dir / "progress.csv").open("w", newline="", encoding="utf-8")
         )
@@ -438,7 +505,8 @@ class ProgressLog:
             stack.callback(self.tensorboard.close)
         self.rows: list[dict[str, Any]] = []
 
-    def write(self, row: dict[str, Any]) -> None:
+    def write(self, row: dict[str, Any], detail: str) -> None:
+        """Writes ``row`` (it needs iteration, env_steps and sps) and prints it with ``detail``."""
         self.csv.writerow(row)
         self.file.flush()
         if self.tensorboard is not None:
@@ -449,9 +517,40 @@ class ProgressLog:
         self.rows.append(row)
         print(
             f"iter {row['iteration']:4d}  env_steps {row['env_steps']:8d}  SPS {row['sps']:7.0f}  "
-            f"episode_reward_mean {row['episode_reward_mean']:8.2f}",
+            + detail,
             flush=True,
         )
+
+
+def update_learners(
+    algorithm: Algorithm,
+    learners: dict[str, Any],
+    optimizers: dict[str, torch.optim.Optimizer],
+    batch: MultiAgentBatch,
+    lr: float,
+    args: argparse.Namespace,
+    rng: np.random.Generator,
+) -> dict[str, float]:
+    """``algorithm.update`` of every learner whose policy has rows in ``batch``, at learning
+    rate ``lr``; returns their stats as ``<policy>/<stat>``."""
+    stats = {}
+    for pid, learner in learners.items():
+        optimizers[pid].param_groups[0]["lr"] = lr
+        if pid in batch.policy_batches:
+            policy_batch = batch.policy_batches[pid]
+            policy_stats = algorithm.update(learner, optimizers[pid], policy_batch, args, rng)
+            stats.update({f"{pid}/{key}": value for key, value in policy_stats.items()})
+    return stats
+
+
+def send_weights(runner: EnvRunner, group: EnvRunnerGroup | None, learners: dict[str, Any]) -> None:
+    """The learners' weights, as CPU arrays, into the sampler."""
+    weights = {pid: learner.get_weights() for pid, learner in learners.items()}
+    if group is None:
+        runner.set_weights(weights)
+    else:
+        group.sync_weights(weights)  # the local runner and, with one put, every remote one
+        group.sync_connector_states()  # observation filters: merged statistics everywhere
 
 
 def train(
@@ -460,19 +559,18 @@ def train(
     args: argparse.Namespace,
     log: ProgressLog,
     run_dir: Path,
+    algorithm: Algorithm = PPO,
 ) -> dict[str, Any]:
     """Sample, update every learner, hand the weights back; until --total-env-steps."""
-    learners, optimizers = make_learners(runner, args)
     sampler = runner if group is None else group
     rng = np.random.default_rng(args.seed)
+    learners: dict[str, Any] = {}
+    optimizers: dict[str, torch.optim.Optimizer] = {}
     env_steps = agent_steps = iteration = 0
     start = time.perf_counter()
     while env_steps < args.total_env_steps:
         iteration += 1
-        lr = args.lr * (1 - env_steps / args.total_env_steps) if args.anneal_lr else args.lr
-        for optimizer in optimizers.values():
-            optimizer.param_groups[0]["lr"] = lr
-
+        lr = annealed_lr(args, env_steps)
         sample_start = time.perf_counter()
         batch = sampler.sample()
         metrics = sampler.get_metrics()
@@ -480,40 +578,31 @@ def train(
         agent_steps += batch.agent_steps()
 
         train_start = time.perf_counter()
-        stats = {}
-        for pid, learner in learners.items():
-            if pid in batch.policy_batches:
-                policy_batch = batch.policy_batches[pid]
-                policy_stats = ppo_update(learner, optimizers[pid], policy_batch, args, rng)
-                stats.update({f"{pid}/{key}": value for key, value in policy_stats.items()})
-        weights = {pid: learner.get_weights() for pid, learner in learners.items()}  # CPU arrays
-        if group is None:
-            runner.set_weights(weights)
-        else:
-            group.sync_weights(weights)  # the local runner and, with one put, every remote one
-            group.sync_connector_states()  # observation filters: merged statistics everywhere
+        if iteration == 1:
+            learners, optimizers = algorithm.make_learners(runner, args, batch)
+        stats = update_learners(algorithm, learners, optimizers, batch, lr, args, rng)
+        send_weights(runner, group, learners)
         now = time.perf_counter()
 
-        log.write(
-            {
-                "iteration": iteration,
-                "env_steps": env_steps,
-                "agent_steps": agent_steps,
-                "wall_s": round(now - start, 3),
-                "sps": round(env_steps / (now - start), 1),  # env steps/s, sampling + training
-                "sample_s": round(train_start - sample_start, 3),
-                "train_s": round(now - train_start, 3),
-                "episodes": metrics["episodes"],
-                "episode_reward_mean": metrics["episode_reward_mean"],
-                "episode_len_mean": metrics["episode_len_mean"],
-                "lr": lr,
-                **{
-                    f"{pid}/reward_mean": metrics["policy_reward_mean"].get(pid, math.nan)
-                    for pid in learners
-                },
-                **stats,
-            }
-        )
+        row = {
+            "iteration": iteration,
+            "env_steps": env_steps,
+            "agent_steps": agent_steps,
+            "wall_s": round(now - start, 3),
+            "sps": round(env_steps / (now - start), 1),  # env steps/s, sampling + training
+            "sample_s": round(train_start - sample_start, 3),
+            "train_s": round(now - train_start, 3),
+            "episodes": metrics["episodes"],
+            "episode_reward_mean": metrics["episode_reward_mean"],
+            "episode_len_mean": metrics["episode_len_mean"],
+            "lr": lr,
+            **{
+                f"{pid}/reward_mean": metrics["policy_reward_mean"].get(pid, math.nan)
+                for pid in learners
+            },
+            **stats,
+        }
+        log.write(row, f"episode_reward_mean {row['episode_reward_mean']:8.2f}")
         if iteration % args.checkpoint_every == 0:
             save_checkpoint(runner, run_dir / "checkpoints" / f"iter_{iteration:05d}.ckpt")
     save_checkpoint(runner, run_dir / "checkpoints" / "final.ckpt")
@@ -527,17 +616,22 @@ def train(
     }
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = parse_args(argv)
-    require_matplotlib()
-    # Configs name classes and functions by import path: "examples.mappings:..." resolves
-    # from the repository root, a user's own package from the current folder.
+def add_import_paths() -> None:
+    """Configs name classes and functions by import path: ``examples.mappings:...`` resolves
+    from the repository root, a user's own package from the current folder."""
     for path in (str(REPO), os.getcwd()):
         if path not in sys.path:
             sys.path.insert(0, path)
-    config = make_config(args)
+
+
+def run(
+    args: argparse.Namespace, config: RunnerConfig, algorithm: Algorithm = PPO
+) -> dict[str, Any]:
+    """The whole run on ``config``: random baseline, training, the trained weights
+    evaluated, summary.json, then the plot; returns the summary."""
     env_name = args.config.stem if args.config else args.env
-    run_dir = args.run_dir or Path("runs") / f"{env_name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    run_dir = args.run_dir or Path("runs") / f"{env_name}-{algorithm.run_tag}{stamp}"
     run_dir.mkdir(parents=True, exist_ok=True)
     print(f"run dir: {run_dir}", flush=True)
 
@@ -545,8 +639,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         runner, group = make_sampler(config, args, stack)
         random_eval = random_baseline(config, args.eval_episodes)
         policy_ids = [pid for pid, p in runner.policy_map.items() if isinstance(p, TorchPolicy)]
-        log = ProgressLog(run_dir, policy_ids, args.tensorboard, stack)
-        counts = train(runner, group, args, log, run_dir)
+        log = ProgressLog(run_dir, progress_fields(policy_ids), stack, args.tensorboard)
+        counts = train(runner, group, args, log, run_dir, algorithm)
         weights = runner.get_weights()
 
     trained_eval = evaluate(config, args.eval_episodes, weights=weights)
@@ -557,6 +651,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     summary = {
         "env": env_name,
+        "algorithm": algorithm.name,
         **counts,
         "eval_episodes": args.eval_episodes,
         "random_episode_reward_mean": random_eval["episode_reward_mean"],
@@ -565,15 +660,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "trained_policy_reward_mean": trained_eval["policy_reward_mean"],
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    draw_curve(log.rows, run_dir, env_name, summary)
+    draw_curve(log.rows, run_dir, f"{algorithm.name.upper()} on {env_name}", summary)
     print(json.dumps(summary, indent=2))
     return summary
 
 
 def draw_curve(
-    rows: list[dict[str, Any]], run_dir: Path, env_name: str, summary: dict[str, Any]
+    rows: list[dict[str, Any]], run_dir: Path, what: str, summary: dict[str, Any]
 ) -> None:
-    """learning_curve.png with the random and the trained policy's evaluations as lines."""
+    """learning_curve.png with the random and the trained policy's evaluations as lines;
+    ``what`` (e.g. ``PPO on simple_spread``) starts the title."""
     if not any(math.isfinite(row["episode_reward_mean"]) for row in rows):
         print("no episode finished during training: no learning curve to draw")
         return
@@ -584,8 +680,15 @@ def draw_curve(
             "random policy": summary["random_episode_reward_mean"],
             "trained, evaluated": summary["trained_episode_reward_mean"],
         },
-        title=f"PPO on {env_name}: mean episode reward (all agents summed)",
+        title=f"{what}: mean episode reward (all agents summed)",
     )
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    require_matplotlib()
+    add_import_paths()
+    return run(args, make_config(args))
 
 
 def _rounded(values: dict[str, float]) -> dict[str, float]:

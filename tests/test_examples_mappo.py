@@ -1,7 +1,9 @@
-"""examples/train_mappo.py: runs end to end (--smoke), and its GAE reads the central critic."""
+"""examples/train_mappo.py: runs end to end (--smoke) through train_ppo's loop, and its GAE reads
+the central critic."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import subprocess
@@ -14,8 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-from examples import train_mappo
-from marl_runner import SampleBatch, TorchPolicy
+from examples import train_mappo, train_ppo
+from marl_runner import EnvRunner, SampleBatch, TorchPolicy
 from marl_runner.metrics_log import read_progress_csv
 from marl_runner.policy.gae import compute_gae
 
@@ -118,3 +120,42 @@ def test_compare_runs_draws_the_groups_and_lists_their_summaries(tmp_path: Path)
     )
     with pytest.raises(SystemExit):
         compare_runs.main([f"IPPO={tmp_path / 'missing'}", "--out", str(out)])
+
+
+def test_train_mappo_help_describes_mappo_and_its_run_dir(capsys) -> None:
+    with pytest.raises(SystemExit):
+        train_mappo.parse_args(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "MAPPO on marl-runner batches" in help_text
+    assert "Independent PPO" not in help_text
+    assert "(default: runs/<env>-mappo-<time>) --smoke" in help_text
+
+
+@pytest.mark.timeout(60)
+def test_train_runs_the_loop_with_the_algorithm_it_is_given(tmp_path: Path) -> None:
+    """train_ppo.train builds the learners once, from the first batch, and calls the given
+    update for each policy on every iteration: MAPPO passes its own and has no loop."""
+    args = train_ppo.parse_args(["--smoke"])
+    first_batches, updates = [], []
+
+    def make_learners(runner, args, first_batch):
+        first_batches.append(first_batch)
+        return train_ppo.make_learners(runner, args)
+
+    def update(learner, optimizer, batch, args, rng):
+        updates.append((len(batch), optimizer.param_groups[0]["lr"]))
+        return train_ppo.ppo_update(learner, optimizer, batch, args, rng)
+
+    probe = train_ppo.Algorithm("probe", make_learners, update)
+    with contextlib.ExitStack() as stack:
+        runner = stack.enter_context(EnvRunner(train_ppo.make_config(args)))
+        log = train_ppo.ProgressLog(tmp_path, train_ppo.progress_fields(["shared"]), stack)
+        counts = train_ppo.train(runner, None, args, log, tmp_path, probe)
+    assert len(first_batches) == 1 and "shared" in first_batches[0].policy_batches
+    assert len(updates) == counts["iterations"] == 3
+    lrs = [lr for _, lr in updates]
+    assert lrs[0] == args.lr and lrs[0] > lrs[1] > lrs[2] > 0  # annealed per iteration
+    rows = read_progress_csv(tmp_path / "progress.csv")
+    assert [row["shared/policy_loss"] for row in rows] == pytest.approx(
+        [row["shared/policy_loss"] for row in log.rows]
+    )
