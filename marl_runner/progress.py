@@ -110,11 +110,6 @@ class ProgressReporter:
     def _show(self, counts: SampleCounts) -> None:
         raise NotImplementedError(f"{type(self).__name__} must define how counts are shown")
 
-    def env_steps_per_s(self, counts: SampleCounts) -> float:
-        """Env steps per second since the display started (for callers that do not
-        ``update`` through this class, e.g. a display without a target)."""
-        return counts.env_steps / max(time.perf_counter() - self.started, 1e-9)
-
 
 class _LiveBar(ProgressReporter):
     """A rich progress bar redrawn in place."""

@@ -21,8 +21,8 @@ from rich.console import Console
 import marl_runner
 from marl_runner.batch import MultiAgentBatch, SampleBatch
 from marl_runner.cli import build_parser, main
+from marl_runner.cli.display import SampleCounts, make_progress, metrics_table
 from marl_runner.config import RunnerConfig
-from marl_runner.display import SampleCounts, make_progress, metrics_table
 from marl_runner.io import read_batches, write_batch
 
 REPO = Path(__file__).parent.parent

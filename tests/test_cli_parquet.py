@@ -9,7 +9,7 @@ import pandas as pd
 
 from marl_runner import MultiAgentBatch, SampleBatch
 from marl_runner.cli import main
-from marl_runner.cli_common import BatchFileWriter
+from marl_runner.cli.common import BatchFileWriter
 from marl_runner.client import PolicyClient
 from marl_runner.io import read_batches
 from tests.helpers_serve_process import serve_process

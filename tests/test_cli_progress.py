@@ -61,7 +61,7 @@ def test_sample_with_progress_bad_targets(kwargs: dict, match: str) -> None:
 
 def test_config_and_progress_import_without_torch() -> None:
     code = (
-        "import sys, marl_runner.config, marl_runner.progress, marl_runner.cli_common; "
+        "import sys, marl_runner.config, marl_runner.progress, marl_runner.cli.common; "
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

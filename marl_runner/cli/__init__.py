@@ -1,11 +1,10 @@
-"""The ``marl-runner`` command: ``sample``, ``validate``, ``serve``, ``evaluate``, ``plot``, ``bench``, ``config-doc``.
+"""The ``marl-runner`` command: ``sample``, ``validate``, ``serve``, ``evaluate``, ``plot``,
+``bench`` and ``config-doc``.
 
-One module per command, each with its ``add_*_parser`` and ``run_*``;
-``app`` puts them together. ``serve`` lives in ``marl_runner.serving.cli``;
-what the commands share (exit codes, ``CommandError``, config loading, what a
-failed runner build means, ``--out``, ``--metrics-out``) is in
-``marl_runner.cli_common``, and the end-of-run summary in
-``marl_runner.display``.
+One module per command, each with its ``add_*_parser`` and ``run_*``; ``app``
+puts them together. What the commands share (exit codes, ``CommandError``,
+config loading, what a failed runner build means, ``--out``, ``--metrics-out``)
+is in ``common``, and the metrics table and end-of-run summary in ``display``.
 
 Exit codes: 0 success; 1 a failure while sampling; 2 a bad command line or
 a config that does not validate (including what it names: env, import paths,

@@ -10,13 +10,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from marl_runner.cli.bench import add_bench_parser, run_bench
+from marl_runner.cli.common import CommandError
 from marl_runner.cli.config_doc import add_config_doc_parser, run_config_doc
 from marl_runner.cli.evaluate import add_evaluate_parser, run_evaluate
 from marl_runner.cli.plot import add_plot_parser, run_plot
 from marl_runner.cli.sample import add_sample_parser, run_sample
+from marl_runner.cli.serve import add_serve_parser, run_serve
 from marl_runner.cli.validate import add_validate_parser, run_validate
-from marl_runner.cli_common import CommandError
-from marl_runner.serving.cli import add_serve_parser, run_serve
 
 __all__ = ["build_parser", "main"]
 

@@ -6,7 +6,7 @@ import sys
 from typing import Any
 
 from connectors.imports import ImportPathError, import_object
-from marl_runner.cli_common import EXIT_BAD_CONFIG
+from marl_runner.cli.common import EXIT_BAD_CONFIG
 
 __all__ = ["BENCH_ENTRY_POINT", "add_bench_parser", "run_bench"]
 

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from marl_runner.cli_common import EXIT_OK, CommandError
+from marl_runner.cli.common import EXIT_OK, CommandError
 from marl_runner.config.reference import render
 
 __all__ = ["add_config_doc_parser", "run_config_doc"]

@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from marl_runner.cli_common import (
+from marl_runner.cli.common import (
     EXIT_BAD_CONFIG,
     EXIT_FAILURE,
     EXIT_INTERRUPTED,

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from marl_runner.cli_common import EXIT_FAILURE, EXIT_OK, CommandError
+from marl_runner.cli.common import EXIT_FAILURE, EXIT_OK, CommandError
 from marl_runner.metrics_log import plot_learning_curve, read_metrics_log, read_progress_csv
 
 #: What a directory is searched for, in this order (the first one found is drawn).

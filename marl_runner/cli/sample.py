@@ -9,7 +9,7 @@ from typing import Any
 
 from rich.console import Console
 
-from marl_runner.cli_common import (
+from marl_runner.cli.common import (
     EXIT_FAILURE,
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -27,8 +27,8 @@ from marl_runner.cli_common import (
     positive_int,
     prepare_out_dir,
 )
+from marl_runner.cli.display import print_run_summary
 from marl_runner.config import RunnerConfig
-from marl_runner.display import print_run_summary
 from marl_runner.metrics_log import MetricsLogWriter, RunMetrics
 from marl_runner.progress import ProgressReporter, SampleCounts, count_batches, make_progress
 

@@ -3,7 +3,7 @@
 Prints each possible agent's policy and spaces, notes policies no agent maps
 to, and warns about image observations going into a model that flattens
 them. Rejects exactly what ``sample`` rejects when it starts (same exit code
-and message: both classify build errors with ``cli_common.build_error``).
+and message: both classify build errors with ``common.build_error``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import gymnasium as gym
 import numpy as np
 from rich.console import Console
 
-from marl_runner.cli_common import (
+from marl_runner.cli.common import (
     EXIT_FAILURE,
     EXIT_OK,
     CheckedMapping,
@@ -26,8 +26,8 @@ from marl_runner.cli_common import (
     check_imports,
     load_config,
 )
+from marl_runner.cli.display import spaces_table
 from marl_runner.config import RunnerConfig
-from marl_runner.display import spaces_table
 from marl_runner.envs.vector_backends import vector_backend
 
 __all__ = ["add_validate_parser", "image_model_warnings", "is_image_shaped", "run_validate"]

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 from rich.console import Console
 
-from marl_runner.cli_common import (
+from marl_runner.cli.common import (
     EXIT_FAILURE,
     EXIT_OK,
     BatchFileWriter,
@@ -46,8 +46,8 @@ from marl_runner.cli_common import (
     positive_int,
     prepare_out_dir,
 )
+from marl_runner.cli.display import ProgressReporter, SampleCounts, make_progress, print_run_summary
 from marl_runner.config import RunnerConfig
-from marl_runner.display import ProgressReporter, SampleCounts, make_progress, print_run_summary
 from marl_runner.metrics_log import MetricsLogWriter, RunMetrics
 from marl_runner.serving.episode_counts import num_episodes
 

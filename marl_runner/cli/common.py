@@ -2,9 +2,8 @@
 loading a config from the command line, what a failed runner build means, and
 preparing ``--out`` and ``--metrics-out``.
 
-``marl_runner.cli`` (the parser and ``main``) and the subcommands in other
-packages (``marl_runner.serving.cli``) import this module, never each other
-the other way round.
+The command modules in ``marl_runner.cli`` import this module; it imports
+none of them.
 """
 
 from __future__ import annotations
