@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import types
-from operator import itemgetter
 
 import numpy as np
 import pytest
@@ -11,6 +10,7 @@ import pytest
 from marl_runner.metrics import PHASES, STEP_PHASES, PerfStats
 from marl_runner.sampling.columns import ColumnBuffer
 from marl_runner.sampling.env_output import PollResult, SubEnvOutput
+from marl_runner.sampling.episode import LayoutShape
 from marl_runner.sampling.rewards import RewardLedger, add_rewards_after_done
 
 
@@ -32,7 +32,7 @@ def test_the_fast_path_needs_nothing_held_and_every_reward_on_an_observing_agent
     ledger = RewardLedger()
     observing = frozenset({"a", "b"})
     assert ledger.fast_path_ok({"a": 1.0}, observing)
-    both = itemgetter("a", "b")
+    both = LayoutShape((("p", ("a", "b")),)).groups[0][2]
     assert ledger.rewards_on_rows([{"a": 1.0, "b": 2.0}, {"a": 3.0}], ["a", "b"], both) == [1.0, 2.0, 3.0, 0.0]
     assert ledger.rewards_on_rows([{"a": 1.0, "b": 2.0}] * 2, ["a", "b"], both) == [1.0, 2.0] * 2
     assert not ledger.fast_path_ok({"c": 1.0}, observing)

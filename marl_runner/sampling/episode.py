@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from functools import partial
+from itertools import chain
 from operator import itemgetter
 from typing import Any
 
@@ -24,15 +26,18 @@ class AgentSlot:
 
 
 class LayoutShape:
-    """Which agents observe, grouped by policy, with one C-level reader per group
-    (``values_of(d)``: the group's values out of an ``agent_id -> value`` dict, as a
-    tuple, KeyError if one is missing). Interned: sub-envs whose agents are grouped
-    alike share one, so a round can read all of their rows at once."""
+    """Which agents observe, grouped by policy, with one C-level reader per group.
+
+    ``rows_of(dicts)`` iterates the group's values out of several ``agent_id ->
+    value`` dicts, in C (KeyError if one is missing). Interned: sub-envs whose
+    agents are grouped alike share one, so a round can read all of their rows
+    at once.
+    """
 
     __slots__ = ("groups", "agent_set")
 
     def __init__(self, groups: tuple[tuple[str, tuple], ...]) -> None:
-        self.groups = tuple((pid, ids, _values_of(ids)) for pid, ids in groups)
+        self.groups = tuple((pid, ids, _rows_of(ids)) for pid, ids in groups)
         self.agent_set = frozenset(a for _, ids in groups for a in ids)
 
 
@@ -67,12 +72,12 @@ class EpisodeLayout:
         self.group_keys = tuple(tuple(keys) for _, keys in groups.values())
 
 
-def _values_of(agent_ids: tuple) -> Callable[[dict], tuple]:
-    """``d -> tuple(d[a] for a in agent_ids)`` in one C call."""
+def _rows_of(agent_ids: tuple) -> Callable[[Iterable[dict]], Iterable]:
+    """``dicts -> d[a] for d in dicts for a in agent_ids``, all in C."""
     if len(agent_ids) == 1:
-        only = agent_ids[0]
-        return lambda values: (values[only],)
-    return itemgetter(*agent_ids)
+        return partial(map, itemgetter(agent_ids[0]))
+    values_of = itemgetter(*agent_ids)
+    return lambda dicts: chain.from_iterable(map(values_of, dicts))
 
 
 class MultiAgentEpisode:

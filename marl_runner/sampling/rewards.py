@@ -26,7 +26,6 @@ about rewards.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from itertools import chain
 from typing import Any, Protocol
 
 import numpy as np
@@ -87,13 +86,13 @@ class RewardLedger:
     def rewards_on_rows(
         rewards: Sequence[Mapping[Any, float]],
         agent_ids: Sequence[Any],
-        values_of: Callable[[Mapping[Any, float]], tuple[float, ...]],
+        rows_of: Callable[[Sequence[Mapping[Any, float]]], Iterable[float]],
     ) -> list[float]:
         """The fast path's row rewards for one policy group of several sub-envs (one
-        rewards dict each): every row carries its own agent's reward (``values_of``
-        reads them all in one C call), 0.0 for an agent given none."""
+        rewards dict each): every row carries its own agent's reward (``rows_of``
+        reads them all in C), 0.0 for an agent given none."""
         try:
-            return list(chain.from_iterable(map(values_of, rewards)))
+            return list(rows_of(rewards))
         except KeyError:
             return [given.get(agent_id, 0.0) for given in rewards for agent_id in agent_ids]
 

@@ -288,12 +288,12 @@ def _add_alike(
 ) -> None:
     """Rows of sub-envs whose agents are grouped alike (``shape``): per policy group,
     each column read from every sub-env's dict by C-level iteration."""
-    for index, (policy_id, agent_ids, values_of) in enumerate(shape.groups):
+    for index, (policy_id, agent_ids, rows_of) in enumerate(shape.groups):
         rows = round_.rows_for(policy_id)
-        rows.obs.extend(chain.from_iterable(map(values_of, obs_dicts)))
-        rows.rewards.extend(RewardLedger.rewards_on_rows(reward_dicts, agent_ids, values_of))
+        rows.obs.extend(rows_of(obs_dicts))
+        rows.rewards.extend(RewardLedger.rewards_on_rows(reward_dicts, agent_ids, rows_of))
         try:
-            infos = list(chain.from_iterable(map(values_of, info_dicts)))
+            infos = list(rows_of(info_dicts))
         except KeyError:  # some agents without an info
             infos = [info.get(agent_id, _EMPTY_INFO) for info in info_dicts for agent_id in agent_ids]
         rows.infos.extend(infos)
