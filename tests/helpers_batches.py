@@ -43,7 +43,7 @@ CONNECT_FOUR_DICT_OBS = {
 
 def sample(config: dict[str, Any], batches: int = 1) -> tuple[list[MultiAgentBatch], dict]:
     """``batches`` samples of a fresh runner and its ``parquet_metadata``."""
-    from marl_runner.parquet_io import parquet_metadata
+    from marl_runner.io.parquet import parquet_metadata
 
     with EnvRunner(RunnerConfig.from_dict(config)) as runner:
         out = [runner.sample() for _ in range(batches)]

@@ -47,7 +47,7 @@ def test_writer_reads_metadata_again_when_a_new_policy_appears(tmp_path, monkeyp
         reads.append(list(runner.built))
         return {"env": {"name": "x"}, "spaces": {pid: {} for pid in runner.built}}
 
-    monkeypatch.setattr("marl_runner.parquet_io.parquet_metadata", fake_metadata)
+    monkeypatch.setattr("marl_runner.io.parquet.parquet_metadata", fake_metadata)
     writer = BatchFileWriter(tmp_path, "parquet", source)
 
     def batch(*pids: str) -> MultiAgentBatch:

@@ -19,11 +19,11 @@ from PIL import Image
 import marl_runner.checkpoint
 from examples import train_ppo
 from marl_runner import EnvRunner, RunnerConfig, save_checkpoint
+from marl_runner.checkpoint.evaluation import EvaluationError, evaluate_checkpoint
 from marl_runner.cli.common import CommandError
 from marl_runner.cli.evaluate import add_evaluate_parser, run_evaluate
 from marl_runner.envs import register_env
 from marl_runner.envs.testing import CheapEnv
-from marl_runner.evaluation import EvaluationError, evaluate_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -262,7 +262,7 @@ def test_unreadable_files_are_named(tmp_path: Path) -> None:
 
 def test_missing_pyarrow_names_the_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "pyarrow", None)
-    monkeypatch.delitem(sys.modules, "marl_runner.parquet_io", raising=False)
-    monkeypatch.delattr(marl_runner, "parquet_io", raising=False)
+    monkeypatch.delitem(sys.modules, "marl_runner.io.parquet", raising=False)
+    monkeypatch.delattr(marl_runner.io, "parquet", raising=False)
     with pytest.raises(ImportError, match=r"pip install 'marl-runner\[parquet\]'"):
         write_batch(make_batch(), tmp_path, 1, "parquet")

@@ -159,7 +159,7 @@ class BatchFileWriter:
             write_batch(batch, self.out_dir, index, self.file_format)
             return
         if self._metadata is None or not set(batch.policy_batches) <= set(self._metadata["spaces"]):
-            from marl_runner.parquet_io import parquet_metadata
+            from marl_runner.io.parquet import parquet_metadata
 
             self._metadata = parquet_metadata(self.runner)
         write_batch(batch, self.out_dir, index, self.file_format, metadata=self._metadata)

@@ -14,12 +14,12 @@ those again to ``restore_checkpoint`` (``**runner_kwargs``); the weights
 and connector state of such policies are still restored from the file.
 
 The file is JSON and raw numeric arrays with a checksum, never pickle (see
-``marl_runner.checkpoint_format``). The checksum only catches accidents:
+``marl_runner.checkpoint.file_format``). The checksum only catches accidents:
 anyone can write a valid file. So the file is treated as data:
 ``restore_checkpoint`` refuses import paths that come from it (``env.name:
 os:system``, callbacks, policy classes, mapping fns, custom models and
 connectors) unless the caller opts in with ``trusted=True``, ``allow=[...]``
-or its own ``config=`` (see its docstring and ``marl_runner.checkpoint_trust``).
+or its own ``config=`` (see its docstring and ``marl_runner.checkpoint.trust``).
 
 It is written atomically: to a hidden temp file in the target's directory,
 flushed and fsynced, then renamed over the target (``os.replace``), so a
@@ -34,7 +34,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from marl_runner.checkpoint_format import (
+from marl_runner.checkpoint.file_format import (
     FORMAT_NAME,
     FORMAT_VERSION,
     STATE_KEYS,
@@ -42,7 +42,7 @@ from marl_runner.checkpoint_format import (
     decode_checkpoint,
     encode_checkpoint,
 )
-from marl_runner.checkpoint_trust import ImportRef, chain_imports, config_imports
+from marl_runner.checkpoint.trust import ImportRef, chain_imports, config_imports
 from marl_runner.config import RunnerConfig
 from marl_runner.sampling.runner import EnvRunner
 
@@ -104,7 +104,7 @@ def write_checkpoint(payload: dict[str, Any], path: str | os.PathLike[str]) -> P
 
 def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The checkpoint's dict (``format``, ``version``, ``config``, ``policies``), every
-    field checked (see ``marl_runner.checkpoint_format``). Never runs code from the file."""
+    field checked (see ``marl_runner.checkpoint.file_format``). Never runs code from the file."""
     path = Path(path)
     try:
         data = path.read_bytes()

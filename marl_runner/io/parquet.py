@@ -27,10 +27,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from marl_runner import __version__
-from marl_runner.atomic_files import fsync_directory, write_atomically
 from marl_runner.batch import MultiAgentBatch, SampleBatch, concat_samples
 from marl_runner.config import ConfigError, space_to_spec
-from marl_runner.parquet_columns import batch_to_table, table_to_batch
+from marl_runner.io.atomic import fsync_directory, write_atomically
+from marl_runner.io.parquet_columns import batch_to_table, table_to_batch
 
 __all__ = [
     "DEFAULT_MAX_ROWS_PER_FILE",

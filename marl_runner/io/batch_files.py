@@ -1,4 +1,4 @@
-"""Writing sampled batches to disk and reading them back.
+"""Batch files: one sampled batch per file, written atomically, read back exactly.
 
 One ``MultiAgentBatch`` per file, ``batch_000001.npz`` and so on, so a
 consumer can pick up files while the sampler is still writing. Each file is
@@ -6,7 +6,7 @@ written to a hidden temp file in the same directory, fsynced, then renamed
 into place (``os.replace`` is atomic on one file system): a reader never
 sees a half-written batch, and a crash leaves at most a stray ``.tmp`` file
 that ``read_batches`` skips. ``format="parquet"`` writes the same batches as
-Parquet episode tables instead (``marl_runner.parquet_io``, docs/DATA.md);
+Parquet episode tables instead (``marl_runner.io.parquet``, docs/DATA.md);
 ``read_batches`` reads either back into equal batches.
 
 File format (a regular ``.npz``, i.e. a zip of ``.npy`` arrays, readable
@@ -48,12 +48,14 @@ from typing import Any
 
 import numpy as np
 
-from marl_runner.atomic_files import fsync_directory, write_atomically
 from marl_runner.batch import MultiAgentBatch, SampleBatch
-from marl_runner.json_rows import row_to_json
-from marl_runner.row_dicts import stack_row_dicts, unstack_row_dicts
+from marl_runner.io.atomic import fsync_directory, write_atomically
+from marl_runner.io.json_rows import row_to_json
+from marl_runner.io.row_dicts import stack_row_dicts, unstack_row_dicts
 
-__all__ = ["batch_path", "list_batch_files", "read_batch", "read_batches", "write_batch"]
+__all__ = [
+    "FORMATS", "batch_path", "list_batch_files", "read_batch", "read_batches", "write_batch"
+]
 
 FORMAT_NAME = "marl-runner-batch"
 FORMAT_VERSION = 2
@@ -82,7 +84,7 @@ def write_batch(
     (``FileExistsError``), since that would mix two runs in one directory.
     ``format="parquet"`` needs pyarrow and returns the batch's manifest;
     ``metadata`` (``parquet_metadata(runner)``) and ``max_rows_per_file`` /
-    ``compression`` go to ``marl_runner.parquet_io.write_parquet_batch``.
+    ``compression`` go to ``marl_runner.io.parquet.write_parquet_batch``.
     """
     if not isinstance(batch, MultiAgentBatch):
         raise TypeError(f"write_batch expects a MultiAgentBatch, got {type(batch).__name__}")
@@ -257,12 +259,12 @@ def _load_leaves(data: Any, structure: Any) -> Any:
 
 
 def _parquet_io() -> Any:
-    """``marl_runner.parquet_io``, imported on first use: pyarrow is an optional extra."""
+    """``marl_runner.io.parquet``, imported on first use: pyarrow is an optional extra."""
     try:
-        from marl_runner import parquet_io
+        import marl_runner.io.parquet as parquet
     except ImportError as exc:
         raise ImportError(
             f"the parquet batch format needs pyarrow ({exc}); install it with: "
             "pip install 'marl-runner[parquet]'"
         ) from exc
-    return parquet_io
+    return parquet

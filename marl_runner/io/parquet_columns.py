@@ -22,8 +22,8 @@ import numpy as np
 import pyarrow as pa
 
 from marl_runner.batch import SampleBatch
-from marl_runner.json_rows import row_to_json
-from marl_runner.row_dicts import stack_row_dicts, unstack_row_dicts
+from marl_runner.io.json_rows import row_to_json
+from marl_runner.io.row_dicts import stack_row_dicts, unstack_row_dicts
 
 #: SampleBatch column -> episode-table column, where the two names differ.
 COLUMN_RENAMES = {
