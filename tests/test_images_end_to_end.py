@@ -48,11 +48,17 @@ def pistonball_config(policy: dict[str, Any], **overrides: Any) -> RunnerConfig:
 
 
 def sample_sorted(config: RunnerConfig, fragments: int) -> SampleBatch:
-    """The policy's rows of a few samples, in (episode, agent, t) order."""
+    """The policy's rows of a few samples, in (episode, agent, t) order.
+
+    Episode ids are random per runner; ``eps_id`` is replaced by the episode's
+    rank (ids count up within a runner), so two runners' batches compare.
+    """
     with EnvRunner(config) as runner:
         batch = concat_samples([runner.sample().policy_batches["p"] for _ in range(fragments)])
     order = np.lexsort((batch["t"], batch["agent_index"], batch["eps_id"]))
-    return SampleBatch({name: column[order] for name, column in batch.items()})
+    rows = {name: column[order] for name, column in batch.items()}
+    rows["eps_id"] = np.unique(rows["eps_id"], return_inverse=True)[1]
+    return SampleBatch(rows)
 
 
 def trajectories(batch: SampleBatch) -> list[np.ndarray]:
