@@ -38,6 +38,11 @@ def parse_groups(items: list[str], parser: argparse.ArgumentParser) -> dict[str,
     return groups
 
 
+def read_summary(run: Path) -> dict[str, Any]:
+    """The run's summary.json, as train_ppo.py / train_mappo.py wrote it."""
+    return json.loads((run / "summary.json").read_text())
+
+
 def smoothed(values: np.ndarray, window: int) -> np.ndarray:
     """Trailing mean over ``window`` finite values (NaN iterations skipped)."""
     out = np.full(len(values), math.nan)
@@ -48,6 +53,7 @@ def smoothed(values: np.ndarray, window: int) -> np.ndarray:
 
 
 def draw(groups: dict[str, list[Path]], out: Path, window: int, title: str) -> None:
+    """The runs' smoothed curves, a colour per label, and their mean random-policy level."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -64,7 +70,7 @@ def draw(groups: dict[str, list[Path]], out: Path, window: int, title: str) -> N
                 steps, smoothed(rewards, window), color=f"C{colour}", alpha=0.85,
                 label=label if seed_index == 0 else None,
             )  # fmt: skip
-            randoms.append(json.loads((run / "summary.json").read_text())["random_episode_reward_mean"])
+            randoms.append(read_summary(run)["random_episode_reward_mean"])
     level = float(np.mean(randoms))
     axes.axhline(level, linestyle="--", color="gray", label=f"random policy ({level:.1f})")
     axes.set_xlabel("env_steps")
@@ -83,17 +89,27 @@ def summaries(groups: dict[str, list[Path]]) -> list[dict[str, Any]]:
     table = []
     for label, runs in groups.items():
         for run in runs:
-            summary = json.loads((run / "summary.json").read_text())
-            table.append({"label": label, "run": run.name, **summary})
+            table.append({"label": label, "run": run.name, **read_summary(run)})
     return table
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("groups", nargs="+", metavar="LABEL=RUN_DIR[,RUN_DIR...]")
+    parser.add_argument(
+        "groups",
+        nargs="+",
+        metavar="LABEL=RUN_DIR[,RUN_DIR...]",
+        help="a label (a colour in the plot) and its run dirs (a line each, e.g. one per seed)",
+    )
     parser.add_argument("--out", type=Path, required=True, help="the PNG to write")
-    parser.add_argument("--smooth", type=int, default=10, help="iterations per plotted mean")
-    parser.add_argument("--title", default="mean episode reward (all agents summed)")
+    parser.add_argument(
+        "--smooth", type=int, default=10, help="iterations per plotted mean (default: 10)"
+    )
+    parser.add_argument(
+        "--title",
+        default="mean episode reward (all agents summed)",
+        help="the plot's title (default: %(default)s)",
+    )
     args = parser.parse_args(argv)
     if args.smooth < 1:
         parser.error(f"--smooth {args.smooth}: expected an int >= 1")

@@ -26,7 +26,7 @@ old versions around as opponents. Read it top to bottom:
 from __future__ import annotations
 
 import argparse
-import csv
+import contextlib
 import math
 import sys
 import time
@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script: make `examples.*` importable
@@ -47,12 +46,26 @@ from examples.selfplay_connect_four import (  # noqa: E402
     build_parser,
     finish_args,
     finish_run,
+    make_learner,
     vs_random_during_training,
 )
-from examples.train_ppo import STAT_KEYS, make_config, ppo_update, require_matplotlib  # noqa: E402
+from examples.train_ppo import (  # noqa: E402
+    STAT_KEYS,
+    ProgressLog,
+    annealed_lr,
+    make_config,
+    make_run_dir,
+    ppo_update,
+    require_matplotlib,
+)
 from marl_runner import Callbacks, EnvRunner, RunnerConfig, TorchPolicy  # noqa: E402
 
 LEARNER = "learner"
+PROGRESS_FIELDS = (  # progress.csv's columns, a row per iteration
+    "iteration", "env_steps", "wall_s", "sps", "learner_rows", "lr",
+    "pool_win", "pool_draw", "pool_loss", "pool_games", "pool_size", "pool_oldest", "pool_newest",
+    "vs_random_win", *STAT_KEYS,
+)  # fmt: skip
 IterationHook = Callable[[int, EnvRunner, list[str], TorchPolicy], None]
 
 
@@ -105,6 +118,15 @@ class LeagueMatchmaker:
         elif matchup["opponent"] not in (LEARNER, *self.pool):
             matchup["opponent"] = self.pool[-1]
         return LEARNER if agent_id == matchup["learner_seat"] else matchup["opponent"]
+
+    def pool_columns(self) -> dict[str, int]:
+        """The pool's size and its oldest and newest snapshot numbers (snap_0007 -> 7), so
+        that progress.csv stays all numbers."""
+        return {
+            "pool_size": len(self.pool),
+            "pool_oldest": int(self.pool[0].split("_")[1]),
+            "pool_newest": int(self.pool[-1].split("_")[1]),
+        }
 
 
 class LeagueResults(Callbacks):
@@ -180,43 +202,25 @@ def main(
     args = parse_args(argv)
     require_matplotlib()
     config = league_config(args)
-    run_dir = args.run_dir or Path("runs") / f"league-{time.strftime('%Y%m%d-%H%M%S')}"
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = make_run_dir(args.run_dir, "league")
     rng = np.random.default_rng(args.seed)
-    print(f"run dir: {run_dir}", flush=True)
 
     matchmaker = LeagueMatchmaker(args.seed)
     results = LeagueResults()
-    runner = EnvRunner(config, policy_mapping_fn=matchmaker, callbacks=results)
-    learner = TorchPolicy(*runner.get_spaces()[LEARNER], runner.policy_map[LEARNER].config)
-    learner.set_weights(runner.get_weights()[LEARNER])
-    untrained_weights = learner.get_weights()
-    optimizer = torch.optim.Adam(learner.parameters(), lr=args.lr, eps=1e-5)
+    with contextlib.ExitStack() as stack:
+        runner = stack.enter_context(
+            EnvRunner(config, policy_mapping_fn=matchmaker, callbacks=results)
+        )
+        learner, optimizer = make_learner(runner, LEARNER, args.lr)
+        untrained_weights = learner.get_weights()
+        log = ProgressLog(run_dir, list(PROGRESS_FIELDS), stack)
 
-    fieldnames = ["iteration", "env_steps", "wall_s", "sps", "learner_rows", "lr"]
-    fieldnames += [
-        "pool_win",
-        "pool_draw",
-        "pool_loss",
-        "pool_games",
-        "pool_size",
-        "pool_oldest",
-        "pool_newest",
-    ]
-    fieldnames += ["vs_random_win"]
-    fieldnames += STAT_KEYS
-    progress_file = (run_dir / "progress.csv").open("w", newline="", encoding="utf-8")
-    progress = csv.DictWriter(progress_file, fieldnames=fieldnames)
-    progress.writeheader()
-    rows: list[dict[str, Any]] = []
-
-    env_steps = iteration = snapshots = 0
-    start = time.perf_counter()
-    try:
+        env_steps = iteration = snapshots = 0
+        start = time.perf_counter()
         add_snapshot(runner, matchmaker, learner, f"snap_{snapshots:04d}", args.pool_size)
         while env_steps < args.total_env_steps:
             iteration += 1
-            lr = args.lr * (1 - env_steps / args.total_env_steps) if args.anneal_lr else args.lr
+            lr = annealed_lr(args, env_steps)
             optimizer.param_groups[0]["lr"] = lr
 
             batch = runner.sample(num_env_steps=args.steps_per_iteration)
@@ -237,30 +241,20 @@ def main(
                 "learner_rows": len(learner_rows),
                 "lr": lr,
                 **results.pop_rates(),
-                # Snapshot numbers (snap_0007 -> 7): progress.csv stays all numbers.
-                "pool_size": len(matchmaker.pool),
-                "pool_oldest": int(matchmaker.pool[0].split("_")[1]),
-                "pool_newest": int(matchmaker.pool[-1].split("_")[1]),
+                **matchmaker.pool_columns(),
                 "vs_random_win": math.nan,
                 **stats,
             }
             match = vs_random_during_training(config, args, learner, iteration)
             if match is not None:
                 row["vs_random_win"] = match["win"]
-            progress.writerow(row)
-            progress_file.flush()
-            rows.append(row)
-            print(
-                f"iter {iteration:4d}  env_steps {env_steps:8d}  SPS {row['sps']:6.0f}  "
+            log.write(
+                row,
                 f"vs pool: win {row['pool_win']:.2f} draw {row['pool_draw']:.2f} "
                 f"loss {row['pool_loss']:.2f} ({row['pool_games']} games)  pool {matchmaker.pool}",
-                flush=True,
             )
             if on_iteration is not None:
                 on_iteration(iteration, runner, list(matchmaker.pool), learner)
-    finally:
-        progress_file.close()
-        runner.stop()
     train_wall_s = time.perf_counter() - start
 
     summary = {
@@ -286,7 +280,7 @@ def main(
         "Connect Four league: the learner against its pool of snapshots",
     )
     weights = (learner.get_weights(), untrained_weights)
-    return finish_run(config, args, weights, run_dir, rows, summary, plot)
+    return finish_run(config, args, weights, run_dir, log.rows, summary, plot)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ before it is drawn.
 from __future__ import annotations
 
 import argparse
-import csv
+import contextlib
 import json
 import math
 import sys
@@ -56,10 +56,13 @@ if str(REPO) not in sys.path:  # run as a script: make `examples.train_ppo` impo
 from examples.train_ppo import (  # noqa: E402
     STAT_KEYS,
     HelpFormatter,
+    ProgressLog,
     add_config_arguments,
     add_ppo_arguments,
+    annealed_lr,
     check_ppo_arguments,
     make_config,
+    make_run_dir,
     ppo_update,
     require_matplotlib,
 )
@@ -76,6 +79,10 @@ from marl_runner.metrics_log import plot_learning_curve  # noqa: E402
 CONFIG = REPO / "examples" / "configs" / "connect_four_selfplay.yaml"
 SEATS = ("player_0", "player_1")
 OUTCOMES = ("win", "draw", "loss")
+PROGRESS_FIELDS = (  # progress.csv's columns, a row per iteration
+    "iteration", "env_steps", "games", "wall_s", "sps", "sample_s", "train_s",
+    "episode_len_mean", "lr", *STAT_KEYS, "vs_random_win", "vs_random_loss",
+)  # fmt: skip
 
 
 def build_parser(description: str, run_name: str = "selfplay") -> argparse.ArgumentParser:
@@ -385,40 +392,40 @@ def finish_run(
 # ---------------------------------------------------------------- training
 
 
+def make_learner(
+    runner: EnvRunner, policy_id: str, lr: float
+) -> tuple[TorchPolicy, torch.optim.Optimizer]:
+    """A learner copy of the runner's TorchPolicy ``policy_id`` and its Adam; training never
+    touches the sampler's weights directly. Shared with the league."""
+    policy = runner.policy_map[policy_id]
+    if not isinstance(policy, TorchPolicy):
+        raise ValueError(
+            f"policy {policy_id!r}: expected a TorchPolicy to train, got {type(policy).__name__}"
+        )
+    learner = TorchPolicy(*runner.get_spaces()[policy_id], policy.config)
+    learner.set_weights(policy.get_weights())
+    return learner, torch.optim.Adam(learner.parameters(), lr=lr, eps=1e-5)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     require_matplotlib()
     config = make_config(args)
-    run_dir = args.run_dir or Path("runs") / f"selfplay-{time.strftime('%Y%m%d-%H%M%S')}"
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = make_run_dir(args.run_dir, "selfplay")
     rng = np.random.default_rng(args.seed)
-    print(f"run dir: {run_dir}", flush=True)
 
-    runner = EnvRunner(config)
-    ((policy_id, sampler_policy),) = runner.policy_map.items()
-    if not isinstance(sampler_policy, TorchPolicy):
-        raise ValueError(
-            f"{args.config}: the one policy must be a TorchPolicy, got {sampler_policy}"
-        )
-    # The learner is a copy: training never touches the sampler's weights directly.
-    learner = TorchPolicy(*runner.get_spaces()[policy_id], sampler_policy.config)
-    learner.set_weights(sampler_policy.get_weights())
-    optimizer = torch.optim.Adam(learner.parameters(), lr=args.lr, eps=1e-5)
+    with contextlib.ExitStack() as stack:
+        runner = stack.enter_context(EnvRunner(config))
+        (policy_id,) = runner.policy_map  # both seats
+        learner, optimizer = make_learner(runner, policy_id, args.lr)
+        untrained_weights = learner.get_weights()
+        log = ProgressLog(run_dir, list(PROGRESS_FIELDS), stack)
 
-    fieldnames = ["iteration", "env_steps", "games", "wall_s", "sps", "sample_s", "train_s"]
-    fieldnames += ["episode_len_mean", "lr", *STAT_KEYS, "vs_random_win", "vs_random_loss"]
-    progress_file = (run_dir / "progress.csv").open("w", newline="", encoding="utf-8")
-    progress = csv.DictWriter(progress_file, fieldnames=fieldnames)
-    progress.writeheader()
-    rows: list[dict[str, Any]] = []
-
-    untrained_weights = learner.get_weights()
-    env_steps = games = iteration = 0
-    start = time.perf_counter()
-    try:
+        env_steps = games = iteration = 0
+        start = time.perf_counter()
         while env_steps < args.total_env_steps:
             iteration += 1
-            lr = args.lr * (1 - env_steps / args.total_env_steps) if args.anneal_lr else args.lr
+            lr = annealed_lr(args, env_steps)
             optimizer.param_groups[0]["lr"] = lr
 
             sample_start = time.perf_counter()
@@ -446,26 +453,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "vs_random_win": math.nan,
                 "vs_random_loss": math.nan,
             }
+            detail = f"game length {row['episode_len_mean']:5.1f}  entropy {stats['entropy']:.3f}"
             match = vs_random_during_training(config, args, learner, iteration)
             if match is not None:
                 row["vs_random_win"], row["vs_random_loss"] = match["win"], match["loss"]
-            progress.writerow(row)
-            progress_file.flush()
-            rows.append(row)
-            print(
-                f"iter {iteration:4d}  env_steps {env_steps:8d}  SPS {row['sps']:6.0f}  "
-                f"game length {row['episode_len_mean']:5.1f}  entropy {stats['entropy']:.3f}"
-                + (
-                    f"  vs random: win {row['vs_random_win']:.2f}"
-                    if not math.isnan(row["vs_random_win"])
-                    else ""
-                ),
-                flush=True,
-            )
+                detail += f"  vs random: win {match['win']:.2f}"
+            log.write(row, detail)
         save_checkpoint(runner, run_dir / "final.ckpt")
-    finally:
-        progress_file.close()
-        runner.stop()
     train_wall_s = time.perf_counter() - start
 
     summary = {
@@ -487,7 +481,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "Connect Four self-play PPO: win % against RandomPolicy",
     )
     weights = (learner.get_weights(), untrained_weights)
-    return finish_run(config, args, weights, run_dir, rows, summary, plot)
+    return finish_run(config, args, weights, run_dir, log.rows, summary, plot)
 
 
 if __name__ == "__main__":

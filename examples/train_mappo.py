@@ -181,7 +181,7 @@ def mappo_update(
 
 
 # train_ppo's loop, run and files with these learners and this update.
-MAPPO = Algorithm("mappo", make_central_learners, mappo_update, run_tag="mappo-")
+MAPPO = Algorithm("mappo", make_central_learners, mappo_update, run_tag="-mappo")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

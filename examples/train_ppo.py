@@ -13,6 +13,9 @@ sharing). Each iteration:
    actions with ``TorchPolicy.evaluate``.
 3. ``runner.set_weights``: the new weights go back into the sampler.
 
+``train`` and ``run`` take the learners and the update as an ``Algorithm``
+(``PPO`` here); ``examples/train_mappo.py`` passes its own and reuses the rest.
+
 The learners train on ``--device`` (e.g. ``cuda``); the sampler's policies
 stay on the config's ``device`` and get the weights as CPU arrays.
 
@@ -26,11 +29,12 @@ checkpoints save. A local Ray is started for the run (and shut down at the
 end) unless this process is already connected to one or ``--address`` names
 a cluster.
 
-Writes to ``--run-dir``: ``progress.csv`` (a row per iteration),
-``learning_curve.png``, ``summary.json`` (random vs trained mean episode
-reward) and ``checkpoints/`` (``marl_runner.save_checkpoint``). The plot needs
-matplotlib (``pip install -e '.[plot]'``), checked at start-up; summary.json is
-written before it is drawn.
+Writes to ``--run-dir``: ``progress.csv`` (a row per iteration, also printed
+with its env steps/s, SPS), ``learning_curve.png``, ``summary.json`` (random
+vs trained mean episode reward) and ``checkpoints/``
+(``marl_runner.save_checkpoint``). The plot needs matplotlib
+(``pip install -e '.[plot]'``), checked at start-up; summary.json is written
+before it is drawn.
 
     python examples/train_ppo.py --env simple_spread --total-env-steps 250000
     python examples/train_ppo.py --env kaz --runners 2 --total-env-steps 50000
@@ -87,7 +91,7 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 def build_parser(description: str, run_tag: str = "") -> argparse.ArgumentParser:
     """This example's flags; ``examples/train_mappo.py`` builds its parser here too, with its
-    own description and ``run_tag`` (the default run dir is ``runs/<env>-<run_tag><time>``)."""
+    own description and ``run_tag`` (the default run dir is ``runs/<env><run_tag>-<time>``)."""
     parser = argparse.ArgumentParser(description=description, formatter_class=HelpFormatter)
     # What to train on
     parser.add_argument(
@@ -159,7 +163,7 @@ def add_run_arguments(parser: argparse.ArgumentParser, run_tag: str) -> None:
         type=Path,
         default=None,
         help="where progress.csv, the plot and checkpoints go "
-        f"(default: runs/<env>-{run_tag}<time>)",
+        f"(default: runs/<env>{run_tag}-<time>)",
     )
     parser.add_argument(
         "--smoke",
@@ -434,7 +438,7 @@ class Algorithm(NamedTuple):
     ``get_weights``, what goes back to the sampler. ``update(learner, optimizer,
     policy_batch, args, rng)`` trains one learner on its policy's rows and returns its
     stats. ``name`` is summary.json's ``algorithm`` and titles the plot; ``run_tag`` goes
-    into the default run dir, ``runs/<env>-<run_tag><time>``.
+    into the default run dir, ``runs/<env><run_tag>-<time>``.
     """
 
     name: str
@@ -624,16 +628,22 @@ def add_import_paths() -> None:
             sys.path.insert(0, path)
 
 
+def make_run_dir(run_dir: Path | None, name: str) -> Path:
+    """``run_dir``, or ``runs/<name>-<time>`` when None; created, and printed. Shared with
+    the Connect Four examples."""
+    run_dir = run_dir or Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    print(f"run dir: {run_dir}", flush=True)
+    return run_dir
+
+
 def run(
     args: argparse.Namespace, config: RunnerConfig, algorithm: Algorithm = PPO
 ) -> dict[str, Any]:
     """The whole run on ``config``: random baseline, training, the trained weights
     evaluated, summary.json, then the plot; returns the summary."""
     env_name = args.config.stem if args.config else args.env
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    run_dir = args.run_dir or Path("runs") / f"{env_name}-{algorithm.run_tag}{stamp}"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    print(f"run dir: {run_dir}", flush=True)
+    run_dir = make_run_dir(args.run_dir, env_name + algorithm.run_tag)
 
     with contextlib.ExitStack() as stack:
         runner, group = make_sampler(config, args, stack)

@@ -6,10 +6,13 @@ checks what it shows by a route the example does not take itself.
 
 from __future__ import annotations
 
+import ast
+import contextlib
 import json
 import re
 import sys
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,6 +22,8 @@ from examples import custom_connector, custom_env, custom_mapping, custom_metric
 from marl_runner import ConfigError, EnvRunner, RunnerConfig, restore_checkpoint
 from marl_runner.checks import trajectory_rows
 from marl_runner.metrics_log import read_progress_csv
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 # --------------------------------------------------------------- custom connector from YAML
 
@@ -244,3 +249,31 @@ def test_train_ppo_writes_the_summary_before_drawing(tmp_path, monkeypatch) -> N
         train_ppo.main(["--smoke", "--run-dir", str(tmp_path)])
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["env_steps"] == read_progress_csv(tmp_path / "progress.csv")[-1]["env_steps"]
+
+
+def test_the_progress_log_writes_any_columns_and_prints_the_steps_per_second(
+    tmp_path, capsys
+) -> None:
+    """train_ppo's ProgressLog is the one the Connect Four examples write progress.csv with."""
+    row = {"iteration": 1, "env_steps": 116, "sps": 699.4, "pool_win": 0.25}
+    with contextlib.ExitStack() as stack:
+        log = train_ppo.ProgressLog(tmp_path, list(row), stack)
+        log.write(row, "vs pool")
+        # flushed row by row: readable while the run goes on
+        assert read_progress_csv(tmp_path / "progress.csv") == [row]
+    assert log.file.closed and log.rows == [row]
+    assert "iter    1  env_steps      116  SPS     699  vs pool" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------- every example reads as a tutorial
+
+RUNNABLE = sorted(p for p in EXAMPLES.glob("*.py") if '__name__ == "__main__"' in p.read_text())
+
+
+@pytest.mark.parametrize("path", RUNNABLE, ids=lambda path: path.name)
+def test_every_example_says_how_to_run_it_and_every_flag_has_help(path: Path) -> None:
+    tree = ast.parse(path.read_text())
+    assert f"python examples/{path.name}" in (ast.get_docstring(tree) or ""), path.name
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "add_argument":
+            assert any(k.arg == "help" for k in node.keywords), f"{path.name}:{node.lineno}"

@@ -32,6 +32,7 @@ def test_train_mappo_smoke_writes_progress_summary_and_checkpoints(tmp_path: Pat
         cwd=REPO, capture_output=True, text=True, timeout=110,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
+    assert "SPS" in result.stdout
     rows = read_progress_csv(run_dir / "progress.csv")
     assert [row["iteration"] for row in rows] == [1.0, 2.0, 3.0]
     for row in rows:

@@ -110,10 +110,11 @@ def assert_same_weights(a: dict, b: dict) -> None:
 
 
 @pytest.mark.timeout(120)
-def test_league_smoke_keeps_the_pool_capped_and_trains_only_the_learner(tmp_path) -> None:
+def test_league_smoke_keeps_the_pool_capped_and_trains_only_the_learner(tmp_path, capsys) -> None:
     run_dir = tmp_path / "league"
     watch = PoolWatch(cap=2)
     summary = league_connect_four.main(["--smoke", "--run-dir", str(run_dir)], on_iteration=watch)
+    assert "SPS" in capsys.readouterr().out
 
     rows = read_progress_csv(run_dir / "progress.csv")
     assert len(rows) == summary["iterations"] == len(watch.learner_weights) >= 3
