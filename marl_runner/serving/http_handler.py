@@ -1,0 +1,286 @@
+"""The HTTP side of `PolicyServer`: one request in, one `PolicyServer.call`, one answer out.
+
+Everything that can be refused without decoding is refused here, before the
+body is read: a missing token, a path outside the API, an unknown content
+type, a chunked, missing or oversized body, a body that finds no room in the
+memory budget, and any request after `close()` began. What the call raises
+becomes a status (`STATUS_OF`) with `{"error", "type"}` in the body, so the
+client can re-raise it; nothing a client sends can stop the server.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler
+from typing import TYPE_CHECKING, Any
+
+from marl_runner.envs.external_episodes import ExternalEnvStopped
+from marl_runner.serving import codec
+from marl_runner.serving.http_pool import PooledHTTPServer, release_free_memory
+
+if TYPE_CHECKING:
+    from marl_runner.serving.server import PolicyServer
+
+logger = logging.getLogger(__name__)
+
+API_PREFIX = "/v1/"
+STOPPING_MESSAGE = "the server is stopping; this request was not run"
+# Estimated peak memory per body byte while a request is decoded and checked (JSON
+# numbers become Python objects; binary arrays are copied out of the body once).
+JSON_MEMORY_FACTOR = 6
+BINARY_MEMORY_FACTOR = 2
+# After a body this big, freed memory goes back to the OS (see `release_free_memory`).
+TRIM_AFTER_BYTES = 8 * 1024 * 1024
+
+# Exception types a client re-raises as themselves (anything else: PolicyServerError).
+STATUS_OF: tuple[tuple[type[BaseException], HTTPStatus], ...] = (
+    (ExternalEnvStopped, HTTPStatus.SERVICE_UNAVAILABLE),
+    (TimeoutError, HTTPStatus.SERVICE_UNAVAILABLE),
+    (NotImplementedError, HTTPStatus.NOT_IMPLEMENTED),
+    (MemoryError, HTTPStatus.SERVICE_UNAVAILABLE),
+    (ValueError, HTTPStatus.BAD_REQUEST),  # RequestError, CodecError, unknown episodes
+)
+
+
+class HTTPStatusError(Exception):
+    """A call refused with a given status (unknown endpoint, wrong method), not by its content."""
+
+    def __init__(self, status: HTTPStatus, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class PolicyHTTPServer(PooledHTTPServer):
+    """The pooled HTTP server that hands each request to its `policy_server`."""
+
+    policy_server: PolicyServer
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that vanished mid-request is routine for a server; log it quietly.
+        logger.debug("connection from %s failed", client_address, exc_info=True)
+
+
+class PolicyRequestHandler(BaseHTTPRequestHandler):
+    """Serves one connection's requests (HTTP/1.1 keep-alive) for `server.policy_server`."""
+
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # small replies: no 40 ms wait for a delayed ACK
+    server: PolicyHTTPServer
+
+    def setup(self) -> None:
+        self.timeout = self.server.idle_timeout_s  # socket timeout: idle keep-alive ends
+        super().setup()
+
+    def do_GET(self) -> None:
+        """Reads (`info`, `health`) come as GET, so proxies and `curl` can call them plainly."""
+        self._handle("GET")
+
+    def do_POST(self) -> None:
+        """Every call with a body (episode calls, uploads, weight syncs) comes as POST."""
+        self._handle("POST")
+
+    def do_PUT(self) -> None:
+        """Other methods get 405 naming the two the API takes, not the base class's 501."""
+        self._refuse(HTTPStatus.METHOD_NOT_ALLOWED, "use GET or POST", codec.JSON)
+
+    do_DELETE = do_PATCH = do_PUT
+
+    def _handle(self, method: str) -> None:
+        server = self.server.policy_server
+        content_type = self._content_type()
+        if not server.begin_request():
+            self._refuse_stopping(method, server.max_body_bytes, content_type)
+            return
+        try:
+            self._handle_request(server, method, content_type)
+        finally:
+            server.end_request()
+
+    def _handle_request(self, server: PolicyServer, method: str, content_type: str) -> None:
+        """Checks the token, path, content type and size, reserves memory, then answers."""
+        if server.token is not None and not self._authorized(server.token):
+            self._refuse(HTTPStatus.UNAUTHORIZED, "missing or wrong token: send "
+                         "'Authorization: Bearer <token>'", content_type)
+            return
+        if not self.path.startswith(API_PREFIX):
+            self._refuse(HTTPStatus.NOT_FOUND, f"no endpoint {self.path!r}; the API lives under "
+                         f"{API_PREFIX}", content_type)
+            return
+        if method == "POST":
+            declared = self.headers.get("Content-Type", "").split(";")[0].strip()
+            if declared not in codec.CONTENT_TYPES:
+                self._refuse(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, f"Content-Type must be one of "
+                             f"{list(codec.CONTENT_TYPES)}; nothing else is decoded", codec.JSON)
+                return
+            length = self._body_length(server.max_body_bytes, content_type)
+            if length is None:
+                return
+            factor = JSON_MEMORY_FACTOR if content_type == codec.JSON else BINARY_MEMORY_FACTOR
+            reserved = server.body_budget.reserve(length * factor, server.body_wait_s)
+            if reserved is None:
+                # Read and drop the body so the client, still sending it, gets to read the 503.
+                if self._discard_body(length):
+                    payload = codec.encode({"error": f"the server is decoding "
+                                            f"{server.body_budget.in_flight} bytes' worth of other "
+                                            "bodies; retry in a moment", "type": "HTTPError"},
+                                           content_type)
+                    self._send_bytes(HTTPStatus.SERVICE_UNAVAILABLE, payload, content_type,
+                                     {"Retry-After": "1"})
+                return
+            try:
+                self._answer(server, method, content_type, length)
+            finally:
+                server.body_budget.release(reserved)
+                if length >= TRIM_AFTER_BYTES:
+                    release_free_memory()
+        else:
+            self._answer(server, method, content_type, None)
+
+    def _answer(
+        self, server: PolicyServer, method: str, content_type: str, length: int | None
+    ) -> None:
+        """Reads the body (if any), runs the call and sends its answer; errors become statuses."""
+        body = None
+        if length is not None:
+            raw = self._read_body(length)
+            if raw is None:
+                return
+        try:
+            if length is not None:
+                if content_type == codec.JSON:
+                    raw = codec.json_text(raw)  # the bytes are freed before parsing
+                body = codec.decode(raw, content_type)
+                del raw
+            result = server.call(method, self.path[len(API_PREFIX):].split("?")[0], body)
+            del body
+            payload = result if isinstance(result, bytes) else codec.encode(result, content_type)
+            if isinstance(result, bytes):
+                content_type = codec.BINARY
+        except HTTPStatusError as exc:
+            self._send(exc.status, {"error": str(exc), "type": "HTTPError"}, content_type)
+            return
+        except Exception as exc:
+            status = next((s for t, s in STATUS_OF if isinstance(exc, t)), None)
+            if status is None:
+                logger.exception("request %s %s failed", method, self.path)
+                status = HTTPStatus.INTERNAL_SERVER_ERROR
+            self._send(status, {"error": str(exc), "type": type(exc).__name__}, content_type)
+            return
+        self._send_bytes(HTTPStatus.OK, payload, content_type)
+
+    def _refuse_stopping(self, method: str, limit: int, content_type: str) -> None:
+        """503 and `Connection: close` to a request that came after `close()` began.
+
+        A body of a sane declared size is read and dropped first, so that the
+        client, maybe still sending it, gets to read the answer.
+        """
+        self.close_connection = True
+        length_text = self.headers.get("Content-Length", "")
+        if method == "POST" and length_text.isdigit() and int(length_text) <= limit:
+            self._discard_body(int(length_text))
+        self._send(HTTPStatus.SERVICE_UNAVAILABLE,
+                   {"error": STOPPING_MESSAGE, "type": "ExternalEnvStopped"}, content_type)
+
+    def _content_type(self) -> str:
+        declared = self.headers.get("Content-Type", "").split(";")[0].strip()
+        accept = self.headers.get("Accept", "")
+        if declared in codec.CONTENT_TYPES:
+            return declared
+        return codec.JSON if codec.JSON in accept or codec.BINARY not in accept else codec.BINARY
+
+    def _authorized(self, token: str) -> bool:
+        given = self.headers.get("Authorization", "")
+        expected = f"Bearer {token}"
+        return hmac.compare_digest(given.encode("utf-8", "replace"), expected.encode("utf-8"))
+
+    def _body_length(self, limit: int, content_type: str) -> int | None:
+        """The declared body length, or None after refusing a chunked, missing or oversized one."""
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            self._refuse(HTTPStatus.LENGTH_REQUIRED, "chunked bodies are not accepted; send "
+                         "Content-Length", content_type)
+            return None
+        length_text = self.headers.get("Content-Length")
+        try:
+            length = int(length_text) if length_text is not None else -1
+        except ValueError:
+            length = -1
+        if length < 0:
+            self._refuse(HTTPStatus.LENGTH_REQUIRED, "a POST needs a valid Content-Length",
+                         content_type)
+            return None
+        if length > limit:
+            self._refuse(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                         f"body of {length} bytes is over the server's limit of {limit} bytes",
+                         content_type)
+            return None
+        return length
+
+    def _read_body(self, length: int) -> bytearray | None:
+        """`length` bytes read into one buffer (no second copy); None if the client went away."""
+        raw = bytearray(length)
+        view = memoryview(raw)
+        received = 0
+        try:
+            while received < length:
+                count = self.rfile.readinto(view[received:])
+                if not count:
+                    break
+                received += count
+        except (TimeoutError, OSError):
+            received = -1
+        finally:
+            view.release()
+        if received != length:
+            self.close_connection = True  # the client went away mid-body
+            return None
+        return raw
+
+    def _discard_body(self, length: int) -> bool:
+        """Reads `length` body bytes into a small buffer, keeping none; False if the client left."""
+        chunk = bytearray(min(length, 1 << 16)) or bytearray(1)
+        left = length
+        try:
+            while left > 0:
+                count = self.rfile.readinto(memoryview(chunk)[: min(left, len(chunk))])
+                if not count:
+                    break
+                left -= count
+        except (TimeoutError, OSError):
+            pass
+        if left:
+            self.close_connection = True
+        return not left
+
+    def _refuse(
+        self, status: HTTPStatus, message: str, content_type: str, headers: dict | None = None
+    ) -> None:
+        """An error answered before the body was read: the connection cannot be reused."""
+        self.close_connection = True
+        payload = codec.encode({"error": message, "type": "HTTPError"}, content_type)
+        self._send_bytes(status, payload, content_type, headers)
+
+    def _send(self, status: HTTPStatus, value: dict, content_type: str) -> None:
+        self._send_bytes(status, codec.encode(value, content_type), content_type)
+
+    def _send_bytes(
+        self, status: HTTPStatus, payload: bytes, content_type: str, headers: dict | None = None
+    ) -> None:
+        if self.server.saturated:
+            self.close_connection = True  # other connections wait for a worker: take turns
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(payload)))
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
+            if self.close_connection:
+                self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(payload)
+        except (TimeoutError, BrokenPipeError, ConnectionResetError):
+            self.close_connection = True  # the client is gone; nothing to tell it
+
+    def log_message(self, format: str, *args: Any) -> None:
+        logger.debug("%s %s", self.address_string(), format % args)
