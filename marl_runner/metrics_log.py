@@ -97,6 +97,7 @@ class MetricsLogWriter:
         return True
 
     def close(self) -> None:
+        """Puts every record on disk; later writes raise, and closing again does nothing."""
         if self._file is not None:
             self._file.close()
             self._file = None

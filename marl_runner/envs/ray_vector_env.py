@@ -33,6 +33,7 @@ class SubEnvActor:
         self.env = make_one(env_id)
 
     def reset(self, seed: int | None, options: dict[str, Any] | None) -> Any:
+        """Checked in the actor, so a malformed reset becomes a `_Malformed`, not a crash."""
         result = self.env.reset(seed=seed, options=options)
         try:
             return check_reset_result(result, self.env_id, self.env)
@@ -40,6 +41,7 @@ class SubEnvActor:
             return _Malformed(str(error))
 
     def step(self, actions: MultiAgentDict) -> Any:
+        """Checked in the actor, so a malformed step becomes a `_Malformed`, not a crash."""
         result = self.env.step(actions)
         try:
             return check_step_result(result, self.env_id, self.env)
@@ -47,9 +49,11 @@ class SubEnvActor:
             return _Malformed(str(error))
 
     def ready(self) -> bool:
+        """Answers once the env is built, so a restarted actor's boot can be awaited."""
         return True
 
     def spaces(self) -> tuple[list[AgentID], dict[AgentID, gym.Space], dict[AgentID, gym.Space]]:
+        """Agents and spaces for the driver, which has no env of its own to ask."""
         agents = list(self.env.possible_agents)
         return (
             agents,
@@ -58,9 +62,11 @@ class SubEnvActor:
         )
 
     def render(self) -> Any:
+        """The env lives in the actor, so `try_render` has to ask it here."""
         return self.env.render()
 
     def close(self) -> None:
+        """Lets the env free its resources before `stop` kills the actor."""
         self.env.close()
 
 

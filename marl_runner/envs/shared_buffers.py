@@ -300,6 +300,7 @@ class SlotLayout:
         self._num_obs = len(obs_specs)
 
     def bind(self, buffer: memoryview) -> None:
+        """Views every slot array in `buffer`, so both sides work on the block in place."""
         arrays = [
             np.ndarray(shape, dtype, buffer=buffer, offset=offset)
             for (shape, dtype), offset in zip(self._shapes, self.offsets)
@@ -371,9 +372,11 @@ class SlotBlock:
 
     @property
     def name(self) -> str:
+        """The shared-memory name, so the parent can tell whether a reply names a new block."""
         return self.memory.name
 
     def close(self, unlink: bool = False) -> None:
+        """Drops the views first (else the memory cannot close); `unlink` frees the block."""
         self.layout.release()
         self.memory.close()
         if unlink:
@@ -409,6 +412,7 @@ class SlotBlock:
         return True
 
     def take_unsent(self) -> list[tuple[int, tuple]]:
+        """Key sets the next message must carry, so the worker numbers them as we do."""
         unsent, self.unsent = self.unsent, []
         return unsent
 

@@ -74,6 +74,7 @@ class SharedObsWriter:
         return self.block.name if self._renamed and self.block is not None else None
 
     def close(self) -> None:
+        """Unlinks the block too: a worker that exits cleanly frees its own shared memory."""
         if self.block is not None:
             self.block.close()
             self.block.unlink()
@@ -107,6 +108,7 @@ class SharedObsReader:
         self.block: shared_memory.SharedMemory | None = None
 
     def attach(self, name: str) -> None:
+        """Follows the writer to a new block after it grew (the old one is detached)."""
         self.detach()
         self.block = shared_memory.SharedMemory(name=name)
 

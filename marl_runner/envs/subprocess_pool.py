@@ -71,6 +71,7 @@ class SubprocessStats:
     worker_busy_s: float = 0.0
 
     def as_dict(self) -> dict[str, float]:
+        """Plain values for benchmark reports and JSON, without listing the fields."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
@@ -106,6 +107,7 @@ class WorkerHandle:
         self.reply: Any = None
 
     def describe(self) -> str:
+        """Names the worker, its pid and sub-envs, so every error about it says the same."""
         return f"worker {self.index} (pid {self.process.pid}) running sub-envs {self.env_ids}"
 
     def kill(self) -> None:
@@ -164,6 +166,7 @@ class WorkerLauncher:
         self._cpus = worker_cpus(num_workers) if pin_workers else [None] * num_workers
 
     def launch(self, index: int, env_ids: list[EnvID]) -> WorkerHandle:
+        """Starts worker `index`; a restart calls it again and gets a fresh block prefix."""
         parent_conn, child_conn = self._context.Pipe()
         block_prefix = f"{self._block_prefix}w{index}g{next(self._launches)}b"
         progress = self._context.RawArray("d", [-1.0, 0.0])

@@ -119,6 +119,7 @@ class Replies:
     def reset_outcome(
         self, env_id: EnvID, result: Any, raise_bad: bool = True
     ) -> tuple[MultiAgentDict | Exception, MultiAgentDict]:
+        """A reset reply as `(obs, infos)` or its failure, so every reset path reports alike."""
         if type(result) is tuple:
             return result
         return self.failure(env_id, result, raise_bad), {}

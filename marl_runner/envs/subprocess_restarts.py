@@ -25,6 +25,7 @@ class RestartBook:
             self.crashed.add(env_id)
 
     def worker_lost(self, env_ids: list[EnvID]) -> None:
+        """A dead worker fails all its sub-envs: with restarts on, each is recreated."""
         if self.restart_failed:
             self.crashed.update(env_ids)
 

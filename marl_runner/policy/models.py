@@ -118,6 +118,7 @@ class LSTMModel(nn.Module):
         self.value = _linear(self.cell_size, 1, 1.0)
 
     def get_initial_state(self) -> list[torch.Tensor]:
+        """Zero `(h, c)`, one row each: defining it is what marks a model as recurrent."""
         return [torch.zeros(self.cell_size), torch.zeros(self.cell_size)]
 
     def forward(

@@ -34,6 +34,7 @@ class EpisodeRecord:
 
     @property
     def length(self) -> int:
+        """Steps taken, not counting the reset in `steps[0]`, as the runner counts them."""
         return len(self.steps) - 1
 
 
