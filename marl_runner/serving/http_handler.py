@@ -14,14 +14,11 @@ import hmac
 import logging
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from marl_runner.envs.external_episodes import ExternalEnvStopped
 from marl_runner.serving import codec
-from marl_runner.serving.http_pool import PooledHTTPServer, release_free_memory
-
-if TYPE_CHECKING:
-    from marl_runner.serving.server import PolicyServer
+from marl_runner.serving.http_pool import BodyBudget, PooledHTTPServer, release_free_memory
 
 logger = logging.getLogger(__name__)
 
@@ -52,10 +49,28 @@ class HTTPStatusError(Exception):
         self.status = status
 
 
+class PolicyEndpoint(Protocol):
+    """What the handler needs from `PolicyServer`, so this module does not import it back."""
+
+    token: str | None
+    max_body_bytes: int
+    body_budget: BodyBudget
+    body_wait_s: float
+
+    def begin_request(self) -> bool:
+        """Counts a request in progress, so closing waits for it; False once closing began."""
+
+    def end_request(self) -> None:
+        """Ends what `begin_request` counted, so closing stops waiting for it."""
+
+    def call(self, method: str, name: str, body: Any) -> Any:
+        """Runs one API call, so the handler knows nothing of routes; `bytes` when encoded."""
+
+
 class PolicyHTTPServer(PooledHTTPServer):
     """The pooled HTTP server that hands each request to its `policy_server`."""
 
-    policy_server: PolicyServer
+    policy_server: PolicyEndpoint
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # A client that vanished mid-request is routine for a server; log it quietly.
@@ -98,7 +113,7 @@ class PolicyRequestHandler(BaseHTTPRequestHandler):
         finally:
             server.end_request()
 
-    def _handle_request(self, server: PolicyServer, method: str, content_type: str) -> None:
+    def _handle_request(self, server: PolicyEndpoint, method: str, content_type: str) -> None:
         """Checks the token, path, content type and size, reserves memory, then answers."""
         if server.token is not None and not self._authorized(server.token):
             self._refuse(HTTPStatus.UNAUTHORIZED, "missing or wrong token: send "
@@ -139,7 +154,7 @@ class PolicyRequestHandler(BaseHTTPRequestHandler):
             self._answer(server, method, content_type, None)
 
     def _answer(
-        self, server: PolicyServer, method: str, content_type: str, length: int | None
+        self, server: PolicyEndpoint, method: str, content_type: str, length: int | None
     ) -> None:
         """Reads the body (if any), runs the call and sends its answer; errors become statuses."""
         body = None
