@@ -30,9 +30,12 @@ class FunctionConnector:
             )
 
     def transform(self, item: Any) -> Any:
+        """Applies ``fn`` to one item: the whole behaviour of a lambda connector lives in ``fn``."""
         return self.fn(item)
 
     def params(self) -> dict[str, Any]:
+        """The ``fn`` import path, so a saved pipeline can rebuild this connector; fails for a
+        function without one (a lambda), which could not be restored."""
         path = import_path_of(self.fn)
         if path is None:
             raise ConnectorError(

@@ -29,6 +29,7 @@ class RunningStats:
 
     @classmethod
     def empty(cls, shape: tuple[int, ...]) -> RunningStats:
+        """No observations yet: the identity of ``merge``, so a filter starts from it."""
         return cls(0, np.zeros(shape), np.zeros(shape))
 
     @classmethod
@@ -44,6 +45,8 @@ class RunningStats:
 
     @classmethod
     def from_dict(cls, state: Mapping[str, Any]) -> RunningStats:
+        """Inverse of ``to_dict``: restores a filter from a checkpoint or another runner's state,
+        rejecting a malformed one here rather than at the first normalised round."""
         try:
             stats = cls(
                 int(state["count"]),
@@ -63,6 +66,8 @@ class RunningStats:
         return {"count": self.count, "mean": self.mean.tolist(), "m2": self.m2.tolist()}
 
     def merge(self, other: RunningStats) -> RunningStats:
+        """Statistics of the union of two disjoint sets, exactly: how several runners' filters
+        combine into one without keeping their observations."""
         if other.mean.shape != self.mean.shape:
             raise ConnectorError(
                 f"cannot merge filter statistics of shapes {self.mean.shape} and {other.mean.shape}"
