@@ -13,7 +13,8 @@ import time
 
 import pytest
 
-from marl_runner import EnvRunner, SubEnvError
+from marl_runner import Callbacks, EnvRunner, SubEnvError
+from marl_runner.envs.errors import EnvError
 from tests.runner_helpers import config
 
 pytestmark = [
@@ -59,3 +60,41 @@ def test_ten_samples_in_a_row_each_work_or_raise_in_time(tmp_path, vectorize, fa
     assert outcomes[0] == "raised"
     if vectorize == "subprocess":
         assert outcomes == ["raised"] * 10  # the dead worker's sub-env can never be reset
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("vectorize", ["sync", "subprocess"])
+def test_resets_that_raise_are_retried_each_call_never_a_loop(vectorize):
+    # A reset that raises something other than SubEnvError (here a malformed reset
+    # result) must leave the sub-envs not yet reset queued for the next step: each
+    # call raises again, none spins forever.
+    cfg = config(
+        "marl_runner.envs.testing:MalformedEnv",
+        env_config={"defect": "reset_obs_only"},
+        vectorize=vectorize,
+        num_envs=2,
+        restart_failed_sub_environments=False,
+    )
+    counts = _EpisodeCounts()
+    with EnvRunner(cfg, callbacks=counts) as runner:
+        for _ in range(10):
+            with pytest.raises((EnvError, SubEnvError), match="sub-env"):
+                runner.sample()
+    # A reset is tried in each later call; an episode whose reset raised is ended, as faulty.
+    assert len(counts.created) >= 9
+    assert counts.created <= counts.ended
+
+
+class _EpisodeCounts(Callbacks):
+    """The ids of the episodes created and of those ended (all faulty here)."""
+
+    def __init__(self) -> None:
+        self.created: set[int] = set()
+        self.ended: set[int] = set()
+
+    def on_episode_created(self, **kwargs) -> None:
+        self.created.add(kwargs["episode"].episode_id)
+
+    def on_episode_end(self, **kwargs) -> None:
+        assert kwargs["episode"].faulty
+        self.ended.add(kwargs["episode"].episode_id)

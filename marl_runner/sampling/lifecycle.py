@@ -166,7 +166,11 @@ class EpisodeLifecycle:
         or None when the obs arrive in a later poll."""
         while True:
             episode = self._create(env_id)
-            result = self._env.try_reset(env_id)
+            try:
+                result = self._env.try_reset(env_id)
+            except BaseException as error:
+                outputs.append(self.drop(env_id, error))  # created, never started
+                raise
             if result is None:
                 self.awaiting_reset.add(env_id)
                 return None

@@ -331,13 +331,23 @@ class EnvRunner:
         for episode in ended:
             outputs.append(episodes.end(episode))
             to_reset.add(episode.env_id)
-        for env_id in sorted(to_reset):
-            self._reset_sub_env(round_, env_id, outputs)
+        self._reset_sub_envs(round_, sorted(to_reset), outputs)
         awaiting = episodes.awaiting_reset
         round_.env_ids = [
             env_id for env_id in {**polled.obs, **dict.fromkeys(to_reset)} if env_id not in awaiting
         ]
         return round_
+
+    def _reset_sub_envs(self, round_: Round, env_ids: list[int], outputs: list) -> None:
+        """Resets each sub-env in turn. If one raises (other than SubEnvError, which waits
+        for the end of the step), it and those after it are tried again next step: a
+        forgotten sub-env is never polled again, and sample() would wait for it forever."""
+        for done, env_id in enumerate(env_ids):
+            try:
+                self._reset_sub_env(round_, env_id, outputs)
+            except BaseException:
+                self._to_reset.update(env_ids[done:])
+                raise
 
     def _reset_sub_env(self, round_: Round, env_id: int, outputs: list) -> None:
         """Connectors forget the sub-env, which is reset; its reset obs join this round."""
