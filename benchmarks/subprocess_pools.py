@@ -1,8 +1,8 @@
 """Process backends measured: subprocess vs sync speed-up, and one slow sub-env in eight.
 
 `vector_speedup` times the bare loop and the runner, each over `sync` and over
-`subprocess` sub-envs, windows alternating, and reports env steps/s and the
-ratios the issue sets targets for (KAZ and simple_spread: subprocess bare loop
+`subprocess` sub-envs, windows taking turns, and reports env steps/s and the
+ratios the issue sets targets for (KAZ and simple_spread: subprocess runner
 >= 1.85x the sync bare loop; cheap: subprocess runner >= 0.8x the sync runner).
 
 `slow_sub_env` runs eight sub-envs of which one is 10x slower (`SlowEnv`), with
@@ -16,6 +16,7 @@ for the bench CLI to wire as flags. Not timed tests: measurements to read.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import statistics
 import time
@@ -44,7 +45,13 @@ def vector_speedup(
     rollout_fragment_length: int = 200,
     progress: Progress = _quiet,
 ) -> list[dict[str, Any]]:
-    """Env steps/s of bare loop and runner, sync vs subprocess, per workload (medians)."""
+    """Env steps/s of bare loop and runner, sync vs subprocess, per workload (medians).
+
+    All four (bare loop and runner, each over sync and subprocess) stay open
+    for the whole workload and their windows take turns (each repeat in
+    the reverse order of the last), so that the other load on a shared
+    machine, coming and going, hits sync and subprocess alike.
+    """
     # Imported here: worker processes import this module for SlowSubEnv, and need no torch.
     import torch
 
@@ -67,28 +74,44 @@ def vector_speedup(
                 rollout_fragment_length=rollout_fragment_length,
             ),
         }
-        rates: dict[str, list[float]] = {}
-        for mode, config in configs.items():
-            progress(f"{name}: bare loop, {mode}")
-            bare = BareLoop(config)
-            try:
-                bare.run(duration_s=warmup_s)
-                rates[f"bare_{mode}"] = [
-                    _env_steps_per_s(bare.run(duration_s=duration_s)) for _ in range(repeats)
-                ]
-            finally:
-                bare.stop()
-            progress(f"{name}: runner, {mode}")
-            with EnvRunner(config) as runner:
-                time_runner(runner, warmup_s)
-                windows = [time_runner(runner, duration_s) for _ in range(repeats)]
-            rates[f"runner_{mode}"] = [w.env_steps / w.elapsed_s for w in windows]
+        windows: dict[str, Callable[[float], float]] = {}
+        with contextlib.ExitStack() as stack:
+            for kind in ("bare", "runner"):
+                for mode, config in configs.items():
+                    if kind == "bare":
+                        bare = BareLoop(config)
+                        stack.callback(bare.stop)
+                        windows[f"bare_{mode}"] = functools.partial(_bare_window, bare)
+                    else:
+                        runner = stack.enter_context(EnvRunner(config))
+                        windows[f"runner_{mode}"] = functools.partial(
+                            _runner_window, time_runner, runner
+                        )
+            for key, window in windows.items():
+                progress(f"{name}: warm-up {key}")
+                window(warmup_s)
+            rates: dict[str, list[float]] = {key: [] for key in windows}
+            order = list(windows)
+            for repeat in range(repeats):
+                for key in order if repeat % 2 == 0 else order[::-1]:
+                    progress(f"{name}: {key} window {repeat + 1}")
+                    rates[key].append(windows[key](duration_s))
         row: dict[str, Any] = {"name": name, "num_envs": workload.num_envs}
         row.update({key: statistics.median(values) for key, values in rates.items()})
         row["bare_speedup"] = row["bare_subprocess"] / row["bare_sync"]
         row["runner_speedup"] = row["runner_subprocess"] / row["runner_sync"]
+        row["runner_subprocess_over_bare_sync"] = row["runner_subprocess"] / row["bare_sync"]
         rows.append(row)
     return rows
+
+
+def _bare_window(bare: Any, duration_s: float) -> float:
+    return _env_steps_per_s(bare.run(duration_s=duration_s))
+
+
+def _runner_window(time_runner: Callable[..., Any], runner: Any, duration_s: float) -> float:
+    window = time_runner(runner, duration_s)
+    return window.env_steps / window.elapsed_s if window.elapsed_s > 0 else float("nan")
 
 
 def _env_steps_per_s(result: Any) -> float:
@@ -98,13 +121,14 @@ def _env_steps_per_s(result: Any) -> float:
 def print_speedup(rows: list[dict[str, Any]]) -> None:
     print(
         f"{'workload':<10}{'bare sync':>12}{'bare subp':>12}{'ratio':>8}"
-        f"{'runner sync':>13}{'runner subp':>13}{'ratio':>8}   (env steps/s)"
+        f"{'runner sync':>13}{'runner subp':>13}{'ratio':>8}{'r.subp/b.sync':>15}"
+        "   (env steps/s)"
     )
     for r in rows:
         print(
             f"{r['name']:<10}{r['bare_sync']:>12,.0f}{r['bare_subprocess']:>12,.0f}"
             f"{r['bare_speedup']:>8.2f}{r['runner_sync']:>13,.0f}{r['runner_subprocess']:>13,.0f}"
-            f"{r['runner_speedup']:>8.2f}"
+            f"{r['runner_speedup']:>8.2f}{r['runner_subprocess_over_bare_sync']:>15.2f}"
         )
 
 

@@ -21,8 +21,20 @@ def test_slow_sub_env_reports_every_mode():
     assert all(r["others_env_steps_per_s"] > 0 for r in rows)
 
 
-def test_vector_speedup_reports_both_ratios():
+def test_vector_speedup_reports_both_ratios_from_windows_taking_turns():
+    said = []
     (row,) = vector_speedup(
-        ("spread",), duration_s=0.0, warmup_s=0.0, repeats=1, rollout_fragment_length=5
+        ("spread",),
+        duration_s=0.0,
+        warmup_s=0.0,
+        repeats=2,
+        rollout_fragment_length=5,
+        progress=said.append,
     )
     assert row["name"] == "spread" and row["bare_speedup"] > 0 and row["runner_speedup"] > 0
+    assert row["runner_subprocess_over_bare_sync"] > 0
+    windows = [line.split(": ")[1] for line in said if "window" in line]
+    first = ["bare_sync", "bare_subprocess", "runner_sync", "runner_subprocess"]
+    assert windows == [f"{key} window 1" for key in first] + [
+        f"{key} window 2" for key in reversed(first)
+    ]
