@@ -39,6 +39,8 @@ _ALL = "__all__"
 # key set of the obs Dicts' key order (-1: not Dicts).
 _OBS, _REW, _TERM, _TRUNC, _INFOS, _REW_KIND, _OBS_ORDER = range(7)
 _FLOAT_REWARDS, _INT_REWARDS = 0, 1
+# Value types that fit without a closer look (the others go through `_Leaf.fits`, `_reward_kind`).
+_PLAIN_INT, _PLAIN_FLOAT, _BOOLS, _DICT = {int}, {float}, {bool, np.bool_}, {dict}
 
 
 class _Leaf:
@@ -144,9 +146,15 @@ class _Values:
                 self.arrays.append([next(it) for _ in leaves])
 
     def write(
-        self, env: int, slots: Sequence[int], values: Sequence[Any], order: tuple | None = None
+        self,
+        env: int,
+        slots: Sequence[int],
+        index: slice | np.ndarray,
+        values: list[Any],
+        order: tuple | None = None,
     ) -> bool:
-        """Write one sub-env's values into the agents' `slots`; False if one does not fit.
+        """Write one sub-env's values into the agents' `slots` (`index`: the same slots as
+        one numpy index); False if one does not fit.
 
         `order`: the key order of Dict values (gymnasium sorts a Dict space's keys,
         envs hand out their own order); None: the space's."""
@@ -154,8 +162,20 @@ class _Values:
         if self.uniform:
             leaf = codecs[0]
             rows = self.arrays[0][env]
+            if leaf.scalar and set(map(type, values)) <= _PLAIN_INT:
+                try:
+                    rows[index] = values  # one numpy call for all agents
+                except OverflowError:
+                    return False
+                return True
+            shape, dtype = leaf.shape, leaf.dtype
             for slot, value in zip(slots, values):
-                if not leaf.fits(value):
+                if leaf.scalar:
+                    if not leaf.fits(value):
+                        return False
+                elif type(value) is not np.ndarray or value.shape != shape or (
+                    value.dtype is not dtype and value.dtype != dtype
+                ):
                     return False
                 rows[slot] = value
             return True
@@ -179,11 +199,14 @@ class _Values:
         slots: Sequence[int],
         keys: tuple,
         order: tuple | None = None,
+        prefix: bool = False,
     ) -> MultiAgentDict:
         """One sub-env's dict out of a snapshot: `keys` in order, values from `slots`
-        (Dict values with their keys in `order`)."""
+        (Dict values with their keys in `order`); `prefix`: `slots` are 0, 1, ..."""
         if self.uniform:
             rows = snapshot[env]
+            if prefix:
+                return dict(zip(keys, rows))  # zip stops at the last key
             return dict(zip(keys, [rows[slot] for slot in slots]))
         out = {}
         for key, slot in zip(keys, slots):
@@ -241,6 +264,13 @@ class KeySets:
         self.keys: list[tuple] = []
         #: Per key set: slot of each key (`"__all__"`: `num_agents`), None if one has none.
         self.slots: list[list[int] | None] = []
+        #: Per key set: the same slots as one numpy index (a slice where they are
+        #: consecutive), so a row's values are written in one call.
+        self.index: list[slice | np.ndarray | None] = []
+        #: Per key set: whether its slots are 0, 1, ... (values read as a row's head).
+        self.prefix: list[bool] = []
+        #: Per key set: its slots if all are agents' (not `"__all__"`), else None.
+        self.agent_slots: list[list[int] | None] = []
 
     def id_of(self, keys: tuple, new: list[tuple[int, tuple]]) -> int:
         """`keys`' number, numbering it (and noting it in `new`) if unseen; -1 if full."""
@@ -260,8 +290,21 @@ class KeySets:
             slots = [slot_of.get(key, self.num_agents if key == _ALL else -1) for key in keys]
             self.ids[keys] = number
             self.keys.append(keys)
-            self.slots.append(None if -1 in slots else slots)
+            known = -1 not in slots
+            self.slots.append(slots if known else None)
+            self.index.append(_index_of(slots) if known else None)
+            self.prefix.append(known and slots == list(range(len(slots))))
+            agents_only = known and (not slots or max(slots) < self.num_agents)
+            self.agent_slots.append(slots if agents_only else None)
         return number
+
+
+def _index_of(slots: list[int]) -> slice | np.ndarray:
+    """`slots` as a numpy index: a slice when they are consecutive, else an index array."""
+    if slots == list(range(slots[0] if slots else 0, (slots[0] if slots else 0) + len(slots))):
+        start = slots[0] if slots else 0
+        return slice(start, start + len(slots))
+    return np.array(slots, np.intp)
 
 
 class SlotLayout:
@@ -358,6 +401,8 @@ class SlotBlock:
         self.in_sets = KeySets(self.layout.agents)
         #: Key sets numbered here but not sent yet (the next message carries them).
         self.unsent: list[tuple[int, tuple]] = []
+        #: The result codes this side last wrote per sub-env (the block's, unchanged since).
+        self._codes: list[list[int] | None] = [None] * self.layout.num_envs
 
     @classmethod
     def create(cls, spec: dict[str, Any], name: str | None) -> SlotBlock:
@@ -395,20 +440,19 @@ class SlotBlock:
         layout = self.layout
         sets = self.out_sets
         new = self.unsent
-        indices = layout.request
-        action_sets = layout.action_sets
+        agent_slots, index = sets.agent_slots, sets.index
         write = layout.actions.write
-        for n, (env_id, actions) in enumerate(request, 1):
+        envs, numbers = [], []
+        for env_id, actions in request:
             env = local[env_id]
             number = sets.id_of(tuple(actions), new)
-            slots = sets.slots[number] if number >= 0 else None
-            if slots is None or (slots and max(slots) >= len(layout.agents)):
+            slots = agent_slots[number] if number >= 0 else None
+            if slots is None or not write(env, slots, index[number], list(actions.values())):
                 return False
-            if not write(env, slots, list(actions.values())):
-                return False
-            indices[n] = env
-            action_sets[env] = number
-        indices[0] = len(request)
+            envs.append(env)
+            numbers.append(number)
+        layout.request[: len(envs) + 1] = [len(envs), *envs]
+        layout.action_sets[envs] = numbers
         return True
 
     def take_unsent(self) -> list[tuple[int, tuple]]:
@@ -432,24 +476,24 @@ class SlotBlock:
         obs_copy, rewards, terminateds, truncateds, codes = copies
         code = codes[env]
         sets = self.in_sets
-        keys, slots = sets.keys, sets.slots
+        keys, slots, prefix = sets.keys, sets.slots, sets.prefix
         number, order = code[_OBS], code[_OBS_ORDER]
         order = keys[order] if order >= 0 else None
-        obs = self.layout.obs.read(obs_copy, env, slots[number], keys[number], order)
+        obs = self.layout.obs.read(
+            obs_copy, env, slots[number], keys[number], order, prefix[number]
+        )
         number = code[_REW]
         row = rewards[env]
-        values = [row[s] for s in slots[number]]
+        values = row if prefix[number] else [row[s] for s in slots[number]]
         if code[_REW_KIND] == _INT_REWARDS:
             values = [int(v) for v in values]
         env_rewards = dict(zip(keys[number], values))
-        number = code[_TERM]
-        row = terminateds[env]
-        env_terminateds = dict(zip(keys[number], [row[s] for s in slots[number]]))
-        number = code[_TRUNC]
-        row = truncateds[env]
-        env_truncateds = dict(zip(keys[number], [row[s] for s in slots[number]]))
+        flags = []
+        for number, row in ((code[_TERM], terminateds[env]), (code[_TRUNC], truncateds[env])):
+            values = row if prefix[number] else [row[s] for s in slots[number]]
+            flags.append(dict(zip(keys[number], values)))
         infos = {key: {} for key in keys[code[_INFOS]]}
-        return [obs, env_rewards, env_terminateds, env_truncateds, infos]
+        return [obs, env_rewards, flags[0], flags[1], infos]
 
     # ---- worker: actions in, results out
 
@@ -460,11 +504,12 @@ class SlotBlock:
         envs = layout.request[1 : count + 1].tolist()
         snapshot = layout.actions.snapshot()
         sets = self.in_sets
+        slots, keys, prefix = sets.slots, sets.keys, sets.prefix
         read = layout.actions.read
         numbers = layout.action_sets.tolist()
         return [
-            (env, read(snapshot, env, sets.slots[numbers[env]], sets.keys[numbers[env]]))
-            for env in envs
+            (env, read(snapshot, env, slots[n], keys[n], None, prefix[n]))
+            for env, n in zip(envs, [numbers[env] for env in envs])
         ]
 
     def write_result(self, env: int, result: Sequence[Any], new: list[tuple[int, tuple]]) -> bool:
@@ -472,54 +517,53 @@ class SlotBlock:
         obs, rewards, terminateds, truncateds, infos = result
         layout = self.layout
         sets = self.out_sets
-        num_agents = len(layout.agents)
-        code = [0] * 7
-        number = code[_OBS] = sets.id_of(tuple(obs), new)
-        slots = sets.slots[number] if number >= 0 else None
-        if slots is None or (slots and max(slots) >= num_agents):
+        agent_slots, index = sets.agent_slots, sets.index
+        number = sets.id_of(tuple(obs), new)
+        slots = agent_slots[number] if number >= 0 else None
+        if slots is None:
             return False
+        code = [number, 0, 0, 0, 0, 0, -1]
         values = list(obs.values())
         order = None
-        code[_OBS_ORDER] = -1
         if values and type(values[0]) is dict:
             order = tuple(values[0])
             code[_OBS_ORDER] = sets.id_of(order, new)
             if code[_OBS_ORDER] < 0:
                 return False
-        if not layout.obs.write(env, slots, values, order):
+        if not layout.obs.write(env, slots, index[number], values, order):
             return False
         number = code[_REW] = sets.id_of(tuple(rewards), new)
-        slots = sets.slots[number] if number >= 0 else None
-        if slots is None or (slots and max(slots) >= num_agents):
+        if number < 0 or agent_slots[number] is None:
             return False
         values = list(rewards.values())
-        kind = _reward_kind(values)
-        if kind is None:
-            return False
-        code[_REW_KIND] = kind
-        row = layout.rewards[env]
-        for slot, value in zip(slots, values):
-            row[slot] = value
+        kinds = set(map(type, values))
+        if kinds <= _PLAIN_FLOAT:
+            code[_REW_KIND] = _FLOAT_REWARDS
+        else:
+            kind = _reward_kind(values)
+            if kind is None:
+                return False
+            code[_REW_KIND] = kind
+        layout.rewards[env][index[number]] = values
         for at, flags, array in (
             (_TERM, terminateds, layout.terminateds),
             (_TRUNC, truncateds, layout.truncateds),
         ):
             number = code[at] = sets.id_of(tuple(flags), new)
-            slots = sets.slots[number] if number >= 0 else None
-            if slots is None:
+            if number < 0 or sets.slots[number] is None:
                 return False
-            row = array[env]
-            for slot, value in zip(slots, flags.values()):
-                if value is not True and value is not False and type(value) is not np.bool_:
-                    return False
-                row[slot] = value
-        for value in infos.values():
-            if type(value) is not dict or value:
+            values = list(flags.values())
+            if not set(map(type, values)) <= _BOOLS:
                 return False
+            array[env][index[number]] = values
+        if not set(map(type, infos.values())) <= _DICT or any(infos.values()):
+            return False
         number = code[_INFOS] = sets.id_of(tuple(infos), new)
         if number < 0:
             return False
-        layout.codes[env] = code
+        if code != self._codes[env]:  # usually the same key sets as last step: no write
+            layout.codes[env] = code
+            self._codes[env] = code
         return True
 
 
