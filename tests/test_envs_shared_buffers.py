@@ -139,3 +139,43 @@ def test_slot_block_round_trip_in_one_process_keeps_order_and_refuses_misfits():
     finally:
         reader.close()
         writer.close(unlink=True)
+
+
+def test_uniform_slots_round_trip_any_agent_order_and_refuse_misfits():
+    """Agents sharing one space are written a row at a time: any subset, in any order,
+    comes back as it went; bools, huge ints and wrong dtypes still do not fit."""
+    env = CheapEnv(num_agents=4, obs_dim=3)
+    spec = layout_spec(env, num_envs=2)
+    writer = SlotBlock.create(spec, None)
+    reader = SlotBlock.attach(spec, writer.name)
+    try:
+        rows = np.arange(12, dtype=np.float32).reshape(4, 3)
+        for keys in (("agent_0", "agent_1", "agent_2", "agent_3"), ("agent_3", "agent_1")):
+            result = [
+                {key: rows[int(key[-1])] for key in keys},
+                dict.fromkeys(keys, 2),  # ints stay ints
+                {**dict.fromkeys(keys, False), "agent_1": True, "__all__": False},
+                {"__all__": True, **dict.fromkeys(keys, np.False_)},
+                {key: {} for key in keys},
+            ]
+            new = []
+            assert writer.write_result(1, result, new)
+            for number, known in new:
+                reader.in_sets.learn(number, known)
+            got = reader.result(reader.read_results(), 1)
+            assert_same(result, got)
+            assert type(got[1]["agent_1"]) is int
+            actions = [(1, dict.fromkeys(keys, 4)), (0, {"agent_2": 1, "agent_0": 0})]
+            assert reader.write_request({0: 0, 1: 1}, actions)
+            for number, known in reader.take_unsent():
+                writer.in_sets.learn(number, known)
+            assert_same(writer.read_request(), actions)
+        for misfit in (True, 2**70, np.float32(1.0)):
+            assert not reader.write_request({0: 0}, [(0, {"agent_0": 1, "agent_1": misfit})])
+        bad_obs = {"agent_0": rows[0], "agent_1": rows[1].astype(np.float64)}
+        assert not writer.write_result(0, [bad_obs, *result[1:]], [])
+        bad_flags = {"agent_3": 0, "agent_1": False, "__all__": False}
+        assert not writer.write_result(0, [result[0], result[1], bad_flags, *result[3:]], [])
+    finally:
+        reader.close()
+        writer.close(unlink=True)
