@@ -114,9 +114,9 @@ def test_split_by_episode_keeps_dict_columns_and_names_a_missing_column() -> Non
 
 def test_to_tensors_skips_infos_and_strings(connect_four: SampleBatch) -> None:
     tensors = connect_four.to_tensors("cpu")
-    assert "infos" not in tensors
+    assert "infos" not in tensors and "agent_id" not in tensors  # agent ids are strings
     for name, column in connect_four.items():
-        if name != "infos":
+        if name not in ("infos", "agent_id"):
             assert tensors[name].dtype == torch.from_numpy(np.asarray(column[:1])).dtype, name
             np.testing.assert_array_equal(tensors[name].numpy(), column)
     assert tensors["action_mask"].dtype == torch.int8
@@ -137,7 +137,7 @@ def test_tensordict_round_trip_keeps_numeric_columns_and_dtypes(connect_four: Sa
     td = connect_four.to_tensordict()
     assert td.batch_size == torch.Size([len(connect_four)])
     back = SampleBatch.from_tensordict(td)
-    numeric = [name for name in connect_four if name != "infos"]
+    numeric = [name for name in connect_four if name not in ("infos", "agent_id")]
     assert sorted(back) == sorted(numeric)
     for name in numeric:
         assert_values_equal(connect_four[name], back[name], name)

@@ -23,6 +23,7 @@ from test_io import make_batch  # noqa: E402
 
 import marl_runner  # noqa: E402
 from marl_runner.batch import MultiAgentBatch, SampleBatch  # noqa: E402
+from marl_runner.checks import check_batch_invariants  # noqa: E402
 from marl_runner.config import space_from_spec  # noqa: E402
 from marl_runner.io import list_batch_files, read_batch, read_batches, write_batch  # noqa: E402
 
@@ -75,23 +76,25 @@ def test_kaz_schema_names_types_and_metadata(tmp_path: Path, sampled: dict) -> N
     (batch, _), metadata = sampled["kaz"]
     write_batch(batch, tmp_path, 1, "parquet", metadata=metadata)
     table = pq.read_table(tmp_path / "archer" / "batch_000001.parquet")
-    assert table.column_names[:15] == [
+    assert table.column_names[:16] == [
         "eps_id", "agent_id", "policy_id", "env_index", "env_t", "agent_t",
         "obs", "new_obs", "actions", "rewards", "terminated", "truncated",
-        "action_logp", "vf_preds", "action_dist_inputs",
+        "action_logp", "vf_preds", "policy_version", "action_dist_inputs",
     ]  # fmt: skip
     assert table.column_names[-1] == "infos"
     schema = table.schema
     assert schema.field("obs").type == pa.list_(pa.float32(), 135)
     assert schema.field("terminated").type == pa.bool_()
     assert schema.field("infos").type == pa.string()
+    assert schema.field("agent_id").type == pa.string()
+    assert schema.field("env_t").type == pa.int64()
+    assert schema.field("policy_version").type == pa.int64()
     assert set(table.column("policy_id").to_pylist()) == {"archer"}
     archer = batch.policy_batches["archer"]
     assert table.column("agent_t").to_pylist() == archer["t"].tolist()
     assert table.column("env_index").to_pylist() == archer["env_id"].tolist()
-    # The runner does not record agent ids or env step indices: null, and not read back.
-    assert table.column("agent_id").null_count == table.num_rows
-    assert "agent_id" not in next(read_batches(tmp_path)).policy_batches["archer"]
+    assert table.column("agent_id").to_pylist() == archer["agent_id"].tolist()
+    assert table.column("env_t").to_pylist() == archer["env_t"].tolist()
 
     meta = schema.metadata
     assert meta[b"marl_runner.format"] == b"marl-runner-parquet/1"
@@ -104,6 +107,38 @@ def test_kaz_schema_names_types_and_metadata(tmp_path: Path, sampled: dict) -> N
     assert obs_space.shape == (135,) and obs_space.dtype == np.float32
     position = json.loads(meta[b"marl_runner.batch"])
     assert position == {"index": 1, "part": 0, "parts": 1, "env_steps": batch.env_steps()}
+
+
+@pytest.mark.parametrize("name", ["kaz", "connect_four"])
+def test_agent_id_and_env_t_are_recorded_and_consistent(
+    tmp_path: Path, sampled: dict, name: str
+) -> None:
+    """agent_id names the agent behind agent_index; env_t is the episode's env step at the
+    row's obs: +1 per row in a parallel env where every agent acts each step (KAZ), and in a
+    turn-based game each env step has exactly one acting agent (Connect Four)."""
+    pd = pytest.importorskip("pandas")
+    batches, metadata = sampled[name]
+    for index, batch in enumerate(batches, start=1):
+        check_batch_invariants(batch, t_from_zero=False)
+        write_batch(batch, tmp_path, index, "parquet", metadata=metadata)
+    rows = pd.concat(
+        [pd.read_parquet(tmp_path / pid) for pid in batches[0].policy_batches], ignore_index=True
+    )
+    assert rows["agent_id"].notna().all() and rows["env_t"].notna().all()
+    # One agent id per (episode, agent_index), and the policy the mapping gives it.
+    assert (rows.groupby(["eps_id", "agent_index"])["agent_id"].nunique() == 1).all()
+    assert (rows.groupby(["eps_id", "agent_id"])["agent_index"].nunique() == 1).all()
+    assert all(a.startswith(p) for a, p in zip(rows["agent_id"], rows["policy_id"]))
+    for (_, _), trajectory in rows.groupby(["eps_id", "agent_id"]):
+        trajectory = trajectory.sort_values("agent_t")
+        steps = np.diff(trajectory["env_t"].to_numpy())
+        assert (steps == (1 if name == "kaz" else 2)).all(), steps
+    if name == "kaz":
+        assert (rows["env_t"] == rows["agent_t"]).all()  # every agent obs every step from reset
+    else:
+        first_episode = rows[rows["eps_id"] == rows["eps_id"].iloc[0]]
+        acting = np.sort(first_episode["env_t"].to_numpy())
+        assert acting.tolist() == list(range(len(acting)))
 
 
 def test_dict_obs_is_a_struct_with_the_action_mask(tmp_path: Path, sampled: dict) -> None:

@@ -98,6 +98,8 @@ class MultiAgentEpisode:
         self.episode_id = episode_id
         self.env_id = env_id
         self.length = 0
+        # Env steps its sub-env had made when the episode was created (see env_t).
+        self.start_step = 0
         self.custom_metrics: dict[str, float] = {}
         self.hist_data: dict[str, list] = {}
         self.user_data: dict[str, Any] = {}

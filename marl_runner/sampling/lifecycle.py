@@ -13,6 +13,8 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from marl_runner.callbacks import Callbacks
 from marl_runner.envs import BaseEnv
 from marl_runner.metrics import MetricsCollector, RolloutMetrics
@@ -74,6 +76,10 @@ class EpisodeLifecycle:
         self._episode_ids = EpisodeIds()
         self.active: dict[int, MultiAgentEpisode] = {}
         self.awaiting_reset: set[int] = set()
+        # Env steps each sub-env made since the runner started: a row's episode env step
+        # (``env_t``) is this minus its episode's start, also for an episode that ended in
+        # the round its sub-env was reset.
+        self._sub_env_steps = np.zeros(config.num_envs, np.int64)
         # Sub-envs whose running episode is kept out of training.
         self.untrained_env_ids: set[int] = set()
         self._reset_failures: dict[int, int] = {}
@@ -92,6 +98,11 @@ class EpisodeLifecycle:
         else:
             self._advance(episode)
         return episode
+
+    def env_t(self, env_ids: np.ndarray, keys: np.ndarray) -> np.ndarray:
+        """The episode env step at which each row's obs arrived, for rows of this round
+        (``env_ids`` and trajectory ``keys`` per row)."""
+        return self._sub_env_steps[env_ids] - self._keys.episode_start_step[keys]
 
     def advance(self, episodes: list[MultiAgentEpisode]) -> None:
         """One env step more for each of these running episodes."""
@@ -194,10 +205,12 @@ class EpisodeLifecycle:
     # ---- helpers
 
     def _new_episode(self, env_id: int) -> MultiAgentEpisode:
-        return MultiAgentEpisode(
+        episode = MultiAgentEpisode(
             self._episode_ids.next(), env_id, self._policy_map.map_agent,
             self._keys.live_reward_totals,
         )
+        episode.start_step = int(self._sub_env_steps[env_id])
+        return episode
 
     def _create(self, env_id: int) -> MultiAgentEpisode:
         episode = self.active[env_id] = self._new_episode(env_id)
@@ -215,6 +228,7 @@ class EpisodeLifecycle:
 
     def _advance(self, episode: MultiAgentEpisode) -> None:
         episode.length += 1
+        self._sub_env_steps[episode.env_id] += 1
         limit = self._max_episode_steps
         if limit is not None and episode.length == limit + 1 and not self._warned_long_episode:
             self._warned_long_episode = True

@@ -435,6 +435,7 @@ class EnvRunner:
             chunk.update(action_columns.get(policy_id) or {})
             # The weights that chose the row's action (every row of a round: same policy).
             chunk["policy_version"] = np.full(len(rows), policies[policy_id].policy_version, np.int64)
+            chunk["env_t"] = self._episodes.env_t(rows["env_ids"], rows["keys"])
             closing = ~rows["is_first"]
             self._metrics.num_agent_steps += int(closing.sum())
             num_rows = len(rows)

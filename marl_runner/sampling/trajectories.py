@@ -31,7 +31,10 @@ class KeyTable:
     transition has been handed out in a batch; then it is released.
     """
 
-    _ARRAYS = ("env_id", "eps_id", "agent_index", "next_t", "agent_id", "reward_total")
+    _ARRAYS = (
+        "env_id", "eps_id", "agent_index", "next_t", "agent_id", "reward_total",
+        "episode_start_step",
+    )  # fmt: skip
 
     def __init__(self, capacity: int = 256) -> None:
         self.env_id = np.zeros(capacity, np.int64)
@@ -42,6 +45,8 @@ class KeyTable:
         self.agent_id = np.empty(capacity, object)
         # Rewards of the key's fast-path rows so far (see rewards.count_rewards_on_rows).
         self.reward_total = np.zeros(capacity, np.float64)
+        # The episode's ``start_step``: a row's env_t is its sub-env's steps minus this.
+        self.episode_start_step = np.zeros(capacity, np.int64)
         self.episode: list[Any] = [None] * capacity
         self._free = list(range(capacity - 1, -1, -1))
 
@@ -61,6 +66,7 @@ class KeyTable:
         self.next_t[key] = 0
         self.reward_total[key] = 0.0
         self.agent_id[key] = agent_id
+        self.episode_start_step[key] = episode.start_step
         self.episode[key] = episode
         return key
 
@@ -192,6 +198,7 @@ class PolicyTrajectories:
         batch["eps_id"] = keys.eps_id[transition_keys]
         batch["env_id"] = keys.env_id[transition_keys]
         batch["agent_index"] = keys.agent_index[transition_keys]
+        batch["agent_id"] = keys.agent_id[transition_keys].astype(str)
         batch["unroll_id"] = np.full(len(open_pos), unroll_id, np.int64)
         if "state_in_0" in batch:
             batch["seq_lens"] = np.ones(len(open_pos), np.int32)

@@ -2,9 +2,10 @@
 
 An uploaded batch is written to `--out` next to the server's own and counts
 towards `--steps`, so it gets the same checks as a request: known policies,
-file-name-safe column names, numeric columns, observations and actions
-inside the policy's spaces, finite rewards, JSON-safe infos. Its env steps
-are counted from its rows, never taken from the client.
+file-name-safe column names, numeric columns (but `agent_id`: short
+strings), observations and actions inside the policy's spaces, finite
+rewards, JSON-safe infos. Its env steps are counted from its rows, never
+taken from the client.
 """
 
 from __future__ import annotations
@@ -30,16 +31,19 @@ REQUIRED_COLUMNS = ("obs", "new_obs", "actions", "rewards", "terminateds", "trun
 # Column names become parts of entry names in the batch files.
 COLUMN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 _FLAG_COLUMNS = ("terminateds", "truncateds")
-_INTEGER_COLUMNS = ("eps_id", "t", "env_id", "agent_index", "unroll_id")
+_INTEGER_COLUMNS = ("eps_id", "t", "env_id", "agent_index", "unroll_id", "env_t", "policy_version")
+# Agent ids: stored as a fixed-width string array, so a long one would cost every row its width.
+MAX_AGENT_ID_CHARS = 64
 
 
 def batch_to_value(batch: MultiAgentBatch) -> dict[str, Any]:
-    """Numeric columns stay arrays; object columns (infos, nested actions) become lists."""
+    """Numeric columns stay arrays; object and string columns (infos, nested actions, agent
+    ids) become lists."""
     return {
         "env_steps": batch.env_steps(),
         "policies": {
             pid: {
-                name: column.tolist() if column.dtype == object else column
+                name: column.tolist() if column.dtype.kind in "OU" else column
                 for name, column in policy_batch.items()
             }
             for pid, policy_batch in batch.policy_batches.items()
@@ -127,6 +131,8 @@ def _column(name: str, column: Any, rows: int, policy: Any, where: str) -> np.nd
         infos = np.empty(rows, object)
         infos[:] = [_info(info, f"{where} row {i}") for i, info in enumerate(column)]
         return infos
+    if name == SampleBatch.AGENT_ID:
+        return _agent_ids(column, where)
     array = real_array(column, where)
     if array.ndim == 0 or len(array) != rows:
         raise RequestError(f"{where}: expected {rows} rows, got shape {array.shape}")
@@ -150,6 +156,24 @@ def _space_column(space: gym.Space, column: Any, rows: int, where: str) -> np.nd
     if isinstance(space, (gym.spaces.Box, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)):
         return space_array(space, column, where, rows=rows)
     raise RequestError(f"{where}: uploads of {space} values are not supported")
+
+
+def _agent_ids(column: Any, where: str) -> np.ndarray:
+    """A list of agent ids (strings of at most MAX_AGENT_ID_CHARS, UTF-8 encodable) as a
+    string array, as the runner's batches carry them."""
+    if not isinstance(column, list):
+        raise RequestError(f"{where}: expected a list of strings, got {short(column)}")
+    for i, agent_id in enumerate(column):
+        if not isinstance(agent_id, str) or len(agent_id) > MAX_AGENT_ID_CHARS:
+            raise RequestError(
+                f"{where} row {i}: expected a string of at most {MAX_AGENT_ID_CHARS} characters, "
+                f"got {short(agent_id)}"
+            )
+        try:
+            agent_id.encode("utf-8")
+        except UnicodeEncodeError:
+            raise RequestError(f"{where} row {i}: {short(agent_id)} is not valid Unicode") from None
+    return np.array(column, dtype=str)
 
 
 def _info(info: Any, where: str) -> dict:
