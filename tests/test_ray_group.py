@@ -61,6 +61,20 @@ def test_weights_set_on_the_driver_reach_every_runner(ray_local) -> None:
             np.testing.assert_allclose(np.asarray(weights["shared"][name]), value)
 
 
+def test_policy_versions_count_the_weights_each_runner_was_given(ray_local) -> None:
+    with _group(timed_config(), local_runner=True) as group:
+        before = group.policy_versions()
+        group.sync_weights(group.local_runner.get_weights())  # the local runner's set too
+        group.sync_weights()  # the remote runners' only
+        after = group.policy_versions()
+        batch = group.sample()
+    assert len(before) == len(after) == 3  # the local runner, then the 2 remote ones
+    assert [a["shared"] - b["shared"] for a, b in zip(after, before)] == [1, 2, 2]
+    # The remote runners sampled with the weights of their last version, and say so per row.
+    assert set(batch.policy_batches["shared"]["policy_version"]) == {after[1]["shared"]}
+    assert after[1] == after[2]
+
+
 def test_merged_filter_statistics_equal_those_of_the_pooled_obs(ray_local) -> None:
     cfg = timed_config(
         env_config={"episode_len": 6},

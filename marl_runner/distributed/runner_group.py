@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable, Iterator
+from operator import methodcaller
 from time import perf_counter
 from typing import Any
 
@@ -236,6 +237,12 @@ class EnvRunnerGroup:
 
             self._call_remote("install_filter_states", ray.put(self._filter_states))
         return self._filter_states
+
+    def policy_versions(self) -> list[dict[str, int]]:
+        """Each healthy runner's ``policy_id -> policy_version`` (the local runner's first,
+        then the remote ones by runner id): how many times its weights were set, so a trainer
+        can tell which runners sample with older weights. A restarted runner counts anew."""
+        return self.foreach_runner(methodcaller("policy_versions"))
 
     def foreach_runner(self, fn: Callable[..., Any], *, local: bool = True) -> list[Any]:
         """`fn(runner)` on every healthy runner (the local one first when `local`);
