@@ -1,7 +1,7 @@
 """``module:attribute`` import paths, so configs can name user code.
 
-The one import helper of the project (``marl_runner.imports`` re-exports it):
-connectors are the lower layer, so both packages can use it without a cycle.
+The one import helper of the project: connectors are the lower layer, so
+both packages can use it without a cycle.
 Resolving is ``pkgutil.resolve_name``; what this adds is errors that say
 which step broke (malformed path, missing module, a module that fails while
 importing, missing attribute) instead of a bare ``AttributeError``.

@@ -20,8 +20,8 @@ from typing import Any
 
 import gymnasium as gym
 
+from connectors.imports import import_object
 from marl_runner.config import ConfigError
-from marl_runner.imports import import_object
 
 __all__ = [
     "AgentMapping",

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
+from connectors.imports import ImportPathError
 from examples.mappings import by_prefix, by_seat, shared
-from marl_runner.imports import ImportPathError
 from marl_runner.mapping import PolicyMappingError, make_policy_mapping_fn
 
 KAZ_AGENTS = ["archer_0", "archer_1", "knight_0", "knight_1"]

@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy as np
 
+from connectors.imports import import_object
 from marl_runner.callbacks import Callbacks
 from marl_runner.config import RunnerConfig
 from marl_runner.envs.errors import EnvError
-from marl_runner.imports import import_object
 from marl_runner.metrics import RolloutMetrics
 
 __all__ = ["EpisodeResult", "Evaluation", "EvaluationError", "evaluate_checkpoint"]

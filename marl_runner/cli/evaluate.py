@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from connectors.imports import ImportPathError
 from marl_runner.checkpoint.evaluation import (
     DEFAULT_MAX_FRAMES,
     EvaluationError,
@@ -38,7 +39,6 @@ from marl_runner.cli.common import (
     positive_int,
 )
 from marl_runner.config import ConfigError
-from marl_runner.imports import ImportPathError
 
 __all__ = ["add_evaluate_parser", "evaluation_table", "run_evaluate"]
 

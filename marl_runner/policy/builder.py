@@ -7,7 +7,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from marl_runner.imports import import_object
+from connectors.imports import import_object
 from marl_runner.policy.base import Policy
 from marl_runner.policy.random_policy import RandomPolicy
 from marl_runner.policy.torch_policy import TorchPolicy

@@ -16,12 +16,12 @@ import gymnasium as gym
 import numpy as np
 
 from connectors.data import AgentRows
+from connectors.imports import import_object
 from marl_runner.batch import MultiAgentBatch, SampleBatch, concat_samples
 from marl_runner.callbacks import Callbacks, overridden_hooks
 from marl_runner.config import RunnerConfig
 from marl_runner.envs import BaseEnv, make_vector_env
 from marl_runner.envs.errors import EpisodeFault
-from marl_runner.imports import import_object
 from marl_runner.metrics import MetricsCollector, PerfStats, StepTimer
 from marl_runner.policy import Policy
 from marl_runner.sampling.env_output import PollResult, SubEnvOutput
