@@ -8,8 +8,16 @@ Modes (combine freely; none given means ``--throughput``):
 - ``--subprocess-speedup``: runner with ``vectorize: subprocess`` vs ``sync`` on
   env-bound workloads (kaz, pistonball); ``--async-poll`` adds the asynchronous
   subprocess protocol; both with a per-round breakdown of where the time goes.
+- ``--process-speedup``: env steps/s of the bare loop and of the runner, each
+  over sync and over subprocess sub-envs (kaz, spread, cheap), and the ratios.
+- ``--slow-sub-env``: one sub-env in eight 10x slower; the others' env steps/s
+  with every poll waiting for all and with async pools.
 - ``--profile``: cProfile of the runner per workload, top functions by own time.
-- ``--all``: the first three.
+- ``--all``: all of these but the profile.
+
+Standalone modes run alone with their own report: ``--scaling``, ``--external``,
+``--soak MINUTES``, ``--soak-serve MINUTES`` (the soaks exit 1 when data was lost
+or something failed).
 
 ``--smoke`` shrinks every mode to a handful of rounds (what CI runs).
 Torch runs with one thread (``--torch-threads``) on both sides: the machine
@@ -25,7 +33,7 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +44,19 @@ from rich.console import Console
 from benchmarks.measure import Settings, compare_workload, memory_growth, subprocess_speedup
 from benchmarks.profiling import profile_workload
 from benchmarks.report import print_report
+from benchmarks.subprocess_pools import SPEEDUP_WORKLOADS, slow_sub_env, vector_speedup
 from benchmarks.workloads import DEFAULT_WORKLOADS, SUBPROCESS_WORKLOADS, WORKLOADS, get_workload
 
 SCHEMA_VERSION = 1
+#: What ``--all`` runs: every report mode but the profile (the soaks run alone).
+ALL_MODES = ("throughput", "memory", "subprocess_speedup", "process_speedup", "slow_sub_env")
+#: ``--slow-sub-env`` window under ``--smoke``: a zero-length window would count no steps.
+SMOKE_WINDOW_S = 0.2
+Progress = Callable[[str], None]
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The bench's flags, one group per concern."""
     parser = argparse.ArgumentParser(
         prog="marl-runner bench",
         description="Measure the runner against a bare sampling loop on the same workloads.",
@@ -53,133 +68,149 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"workloads to measure (default: {' '.join(DEFAULT_WORKLOADS)}; "
         f"also: {' '.join(sorted(set(WORKLOADS) - set(DEFAULT_WORKLOADS)))})",
     )
+    _add_report_modes(parser)
+    _add_standalone_modes(parser)
+    _add_timing_options(parser)
+    _add_vector_env_options(parser)
+    _add_mode_options(parser)
+    _add_output_options(parser)
+    return parser
+
+
+def _add_report_modes(parser: argparse.ArgumentParser) -> None:
+    """Modes that measure into one report (tables, JSON); any mix of them."""
     modes = parser.add_argument_group("modes (default: --throughput)")
     modes.add_argument(
-        "--throughput",
-        action="store_true",
+        "--throughput", action="store_true",
         help="runner vs bare loop: agent steps/s, ratio, RSS, per-phase times",
     )
     modes.add_argument(
-        "--memory",
-        action="store_true",
+        "--memory", action="store_true",
         help="RSS growth between --memory-start and --memory-end agent steps",
     )
     modes.add_argument(
-        "--subprocess-speedup",
-        action="store_true",
+        "--subprocess-speedup", action="store_true",
         help=f"runner, vectorize subprocess vs sync ({', '.join(SUBPROCESS_WORKLOADS)}, "
         "or those of them named)",
     )
     modes.add_argument(
-        "--profile",
-        action="store_true",
+        "--process-speedup", action="store_true",
+        help="env steps/s of bare loop and runner, each over sync and subprocess sub-envs "
+        f"({', '.join(SPEEDUP_WORKLOADS)}, or those of them named)",
+    )
+    modes.add_argument(
+        "--slow-sub-env", action="store_true",
+        help="one sub-env in eight 10x slower: the others' env steps/s with and without "
+        "async pools (num_envs_per_poll)",
+    )
+    modes.add_argument(
+        "--profile", action="store_true",
         help="cProfile the runner on each workload; top functions by own time",
     )
     modes.add_argument(
-        "--all", action="store_true", help="--throughput --memory --subprocess-speedup"
+        "--all", action="store_true",
+        help=" ".join(f"--{mode.replace('_', '-')}" for mode in ALL_MODES),
     )
+
+
+def _add_standalone_modes(parser: argparse.ArgumentParser) -> None:
+    """Modes that run alone, each with its own report."""
+    modes = parser.add_argument_group("standalone modes (one at a time, the others ignored)")
     modes.add_argument(
-        "--scaling",
-        action="store_true",
+        "--scaling", action="store_true",
         help="agent steps/s on KAZ and simple_spread: sync, subprocess, vectorize ray, and "
         "runner groups of 1, 2, 4 (needs Ray; Ray start-up reported apart)",
     )
     modes.add_argument(
-        "--external",
-        action="store_true",
+        "--external", action="store_true",
         help="serving 16 concurrent client threads (vectorize: external), in-process and over "
         "HTTP on loopback: actions/s, get_action median/p99 latency, wire codec cost",
     )
     modes.add_argument(
-        "--soak",
-        type=float,
-        default=None,
-        metavar="MINUTES",
+        "--soak", type=float, default=None, metavar="MINUTES",
         help="sample MINUTES with random faults (exceptions, os._exit, hangs; restarts on) "
         "and report episodes, faults, restarts, healthy rows lost, RSS and open files",
     )
-    parser.add_argument(
-        "--smoke",
-        action="store_true",
+    modes.add_argument(
+        "--soak-serve", type=float, default=None, metavar="MINUTES",
+        help="serve MINUTES to remote, local, killed and hostile clients at once; exits 1 "
+        "unless what clients finished equals what was written and nothing failed",
+    )
+
+
+def _add_timing_options(parser: argparse.ArgumentParser) -> None:
+    timing = parser.add_argument_group("timing")
+    timing.add_argument(
+        "--smoke", action="store_true",
         help="a handful of rounds per workload: checks the bench works (CI)",
     )
-    parser.add_argument(
-        "--duration",
-        type=float,
-        default=5.0,
-        metavar="S",
+    timing.add_argument(
+        "--duration", type=float, default=5.0, metavar="S",
         help="seconds per timed window (default 5)",
     )
-    parser.add_argument(
-        "--warmup",
-        type=float,
-        default=2.0,
-        metavar="S",
+    timing.add_argument(
+        "--warmup", type=float, default=2.0, metavar="S",
         help="seconds of warm-up per side before timing (default 2)",
     )
-    parser.add_argument(
-        "--repeats",
-        type=int,
-        default=3,
+    timing.add_argument(
+        "--repeats", type=int, default=3,
         help="timed windows per side; the median is reported (default 3)",
     )
-    parser.add_argument(
-        "--vectorize",
-        choices=("sync", "subprocess"),
-        default="sync",
+    timing.add_argument("--seed", type=int, default=0, help="config seed (default 0)")
+    timing.add_argument(
+        "--torch-threads", type=int, default=1, metavar="N",
+        help="torch.set_num_threads for both sides (default 1)",
+    )
+
+
+def _add_vector_env_options(parser: argparse.ArgumentParser) -> None:
+    vector = parser.add_argument_group("vector env")
+    vector.add_argument(
+        "--vectorize", choices=("sync", "subprocess"), default="sync",
         help="vector env for runner and bare loop alike (default sync)",
     )
-    parser.add_argument(
-        "--async-poll",
-        action="store_true",
+    vector.add_argument(
+        "--async-poll", action="store_true",
         help="--subprocess-speedup: also measure the asynchronous subprocess protocol "
         "(async_poll: true)",
     )
-    parser.add_argument(
-        "--num-workers",
-        type=int,
-        default=None,
-        metavar="N",
-        help="worker processes for vectorize subprocess (default: the env's "
-        "choice; 2 for --subprocess-speedup)",
+    vector.add_argument(
+        "--num-workers", type=int, default=None, metavar="N",
+        help="worker processes for vectorize subprocess (default: the env's choice; 2 for "
+        "--subprocess-speedup and --process-speedup)",
     )
-    parser.add_argument("--memory-start", type=int, default=200_000, metavar="STEPS")
-    parser.add_argument("--memory-end", type=int, default=1_000_000, metavar="STEPS")
-    parser.add_argument(
-        "--profile-top",
-        type=int,
-        default=15,
-        metavar="N",
+
+
+def _add_mode_options(parser: argparse.ArgumentParser) -> None:
+    options = parser.add_argument_group("mode options")
+    options.add_argument(
+        "--memory-start", type=int, default=200_000, metavar="STEPS",
+        help="--memory: agent steps before the first RSS reading (default 200,000)",
+    )
+    options.add_argument(
+        "--memory-end", type=int, default=1_000_000, metavar="STEPS",
+        help="--memory: agent steps at the last RSS reading (default 1,000,000)",
+    )
+    options.add_argument(
+        "--profile-top", type=int, default=15, metavar="N",
         help="functions listed per profile (default 15)",
     )
-    parser.add_argument(
-        "--profile-dir",
-        type=Path,
-        default=None,
-        metavar="DIR",
+    options.add_argument(
+        "--profile-dir", type=Path, default=None, metavar="DIR",
         help="also save each full profile as DIR/<workload>.prof",
     )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--torch-threads",
-        type=int,
-        default=1,
-        metavar="N",
-        help="torch.set_num_threads for both sides (default 1)",
-    )
-    parser.add_argument(
-        "--json",
-        action="store_true",
+
+
+def _add_output_options(parser: argparse.ArgumentParser) -> None:
+    output = parser.add_argument_group("output")
+    output.add_argument(
+        "--json", action="store_true",
         help="print the results as JSON on stdout (tables go to stderr)",
     )
-    parser.add_argument(
-        "--output",
-        type=Path,
-        default=None,
-        metavar="FILE",
+    output.add_argument(
+        "--output", type=Path, default=None, metavar="FILE",
         help="also write the JSON results to FILE",
     )
-    return parser
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -223,7 +254,8 @@ def _meta(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Runs the selected modes; returns 0 (the bench reports targets, it does not enforce them)."""
+    """Runs the selected modes; returns 0 (the bench reports targets, it does not enforce
+    them), but 1 when a soak lost data or failed, 2 on bad arguments."""
     args = build_parser().parse_args(argv)
     try:
         names = [get_workload(name).name for name in args.workloads] or list(DEFAULT_WORKLOADS)
@@ -237,104 +269,126 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     torch.set_num_threads(args.torch_threads)
+    standalone = _run_standalone(args, settings)
+    if standalone is not None:
+        return standalone
+    console = Console(stderr=args.json)
+    if not console.is_terminal:
+        console.width = 120  # logs and CI: do not squeeze the tables into 80 columns
+    progress = (lambda msg: console.log(msg)) if not args.json else (lambda msg: None)
+    started = time.perf_counter()
+    report: dict[str, Any] = {"meta": _meta(args, settings), "workloads": []}
+    report.update(_measure(args, names, settings, progress))
+    report["total_s"] = time.perf_counter() - started
+    print_report(console, report)
+    text = json.dumps(report, indent=2, default=str)
+    if args.output is not None:
+        _write_json(args.output, text)
+    if args.json:
+        print(text)
+    return 0
+
+
+def _measure(
+    args: argparse.Namespace, names: list[str], settings: Settings, progress: Progress
+) -> dict[str, Any]:
+    """The report's sections for the modes asked for (``--throughput`` when none is)."""
+    chosen = {mode for mode in ALL_MODES + ("profile",) if getattr(args, mode)}
+    if args.all:
+        chosen |= set(ALL_MODES)
+    sections: dict[str, Any] = {}
+    vector = {"vectorize": args.vectorize, "num_workers": args.num_workers}
+    if "throughput" in chosen or not chosen:
+        sections["workloads"] = [
+            compare_workload(get_workload(name), settings, **vector, progress=progress)
+            for name in names
+        ]
+    if "memory" in chosen:
+        start, end = (5_000, 10_000) if settings.smoke else (args.memory_start, args.memory_end)
+        sections["memory"] = memory_growth(
+            settings, start_steps=start, end_steps=end, every_steps=max(end // 10, 1),
+            **vector, progress=progress,
+        )
+    if "subprocess_speedup" in chosen:
+        sections["subprocess"] = [
+            subprocess_speedup(
+                get_workload(name), settings, num_workers=args.num_workers or 2,
+                async_poll=args.async_poll, progress=progress,
+            )
+            for name in _named_among(names, SUBPROCESS_WORKLOADS)
+        ]
+    if "process_speedup" in chosen:
+        sections["process_speedup"] = vector_speedup(
+            _named_among(names, SPEEDUP_WORKLOADS), duration_s=settings.duration_s,
+            warmup_s=settings.warmup_s, repeats=settings.repeats,
+            num_workers=args.num_workers or 2,
+            rollout_fragment_length=settings.rollout_fragment_length, progress=progress,
+        )
+    if "slow_sub_env" in chosen:
+        smoke = {"num_envs": 3, "num_envs_per_poll": 2} if settings.smoke else {}
+        sections["slow_sub_env"] = slow_sub_env(
+            duration_s=SMOKE_WINDOW_S if settings.smoke else settings.duration_s,
+            warmup_s=settings.warmup_s, **smoke,
+        )
+    if "profile" in chosen:
+        sections["profiles"] = [
+            profile_workload(
+                get_workload(name), settings, top=args.profile_top, out_dir=args.profile_dir,
+                **vector, progress=progress,
+            )
+            for name in names
+        ]
+    return sections
+
+
+def _named_among(names: list[str], candidates: tuple[str, ...]) -> tuple[str, ...]:
+    """The named workloads a mode measures; none of them named: all of its own."""
+    return tuple(name for name in names if name in candidates) or candidates
+
+
+def _run_standalone(args: argparse.Namespace, settings: Settings) -> int | None:
+    """Runs the standalone mode asked for and returns the exit code; None when none was."""
+    def say(message: str) -> None:
+        print(message, file=sys.stderr)
+
     if args.scaling:
         from benchmarks.scaling import measure_scaling, print_scaling
 
         duration = 2.0 if settings.smoke else settings.duration_s
         scaling = measure_scaling(
-            duration_s=duration, warmup_s=min(settings.warmup_s, duration),
-            progress=lambda msg: print(msg, file=sys.stderr),
+            duration_s=duration, warmup_s=min(settings.warmup_s, duration), progress=say
         )
         print_scaling(scaling, Console())
-        if args.output is not None:
-            args.output.parent.mkdir(parents=True, exist_ok=True)
-            args.output.write_text(json.dumps(scaling, indent=2) + "\n")
-        return 0
+        return _finish_standalone(args, scaling, ok=True)
     if args.external:
         from benchmarks.external import external_benchmark, print_external
 
-        external = external_benchmark(
-            settings.duration_s, settings.smoke, progress=lambda msg: print(msg, file=sys.stderr)
-        )
+        external = external_benchmark(settings.duration_s, settings.smoke, progress=say)
         print_external(Console(), external)
-        if args.output is not None:
-            args.output.parent.mkdir(parents=True, exist_ok=True)
-            args.output.write_text(json.dumps(external, indent=2) + "\n")
-        return 0
+        return _finish_standalone(args, external, ok=True)
     if args.soak is not None:
         from benchmarks.soak import print_soak, run_soak
 
-        soak = run_soak(args.soak, seed=args.seed, progress=lambda msg: print(msg, file=sys.stderr))
+        soak = run_soak(args.soak, seed=args.seed, progress=say)
         print_soak(soak)
+        return _finish_standalone(args, soak, ok=soak["healthy_rows_lost"] == 0)
+    if args.soak_serve is not None:
+        from benchmarks import soak_serve
+
+        forwarded = [str(args.soak_serve), "--seed", str(args.seed)]
         if args.output is not None:
             args.output.parent.mkdir(parents=True, exist_ok=True)
-            args.output.write_text(json.dumps(soak, indent=2) + "\n")
-        return 0 if soak["healthy_rows_lost"] == 0 else 1
-    console = Console(stderr=args.json)
-    if not console.is_terminal:
-        console.width = 120  # logs and CI: do not squeeze the tables into 80 columns
-    progress = (lambda msg: console.log(msg)) if not args.json else (lambda msg: None)
-    throughput = (
-        args.throughput or args.all or not (args.memory or args.subprocess_speedup or args.profile)
-    )
-    started = time.perf_counter()
-    report: dict[str, Any] = {"meta": _meta(args, settings), "workloads": []}
-    if throughput:
-        for name in names:
-            report["workloads"].append(
-                compare_workload(
-                    get_workload(name),
-                    settings,
-                    vectorize=args.vectorize,
-                    num_workers=args.num_workers,
-                    progress=progress,
-                )
-            )
-    if args.memory or args.all:
-        start, end = (5_000, 10_000) if settings.smoke else (args.memory_start, args.memory_end)
-        report["memory"] = memory_growth(
-            settings,
-            start_steps=start,
-            end_steps=end,
-            every_steps=max(end // 10, 1),
-            vectorize=args.vectorize,
-            num_workers=args.num_workers,
-            progress=progress,
-        )
-    if args.subprocess_speedup or args.all:
-        # Named workloads pick among the env-bound ones; none of them named: all.
-        subprocess_names = [n for n in names if n in SUBPROCESS_WORKLOADS] or list(
-            SUBPROCESS_WORKLOADS
-        )
-        report["subprocess"] = [
-            subprocess_speedup(
-                get_workload(name),
-                settings,
-                num_workers=args.num_workers or 2,
-                async_poll=args.async_poll,
-                progress=progress,
-            )
-            for name in subprocess_names
-        ]
-    if args.profile:
-        report["profiles"] = [
-            profile_workload(
-                get_workload(name),
-                settings,
-                top=args.profile_top,
-                out_dir=args.profile_dir,
-                vectorize=args.vectorize,
-                num_workers=args.num_workers,
-                progress=progress,
-            )
-            for name in names
-        ]
-    report["total_s"] = time.perf_counter() - started
-    print_report(console, report)
-    text = json.dumps(report, indent=2, default=str)
+            forwarded += ["--output", str(args.output)]
+        return soak_serve.main(forwarded)
+    return None
+
+
+def _finish_standalone(args: argparse.Namespace, result: dict[str, Any], *, ok: bool) -> int:
     if args.output is not None:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(text + "\n")
-    if args.json:
-        print(text)
-    return 0
+        _write_json(args.output, json.dumps(result, indent=2))
+    return 0 if ok else 1
+
+
+def _write_json(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text + "\n")

@@ -163,6 +163,56 @@ def subprocess_breakdown_table(rows: list[dict[str, Any]]) -> Table:
     return table
 
 
+#: ``--process-speedup`` columns: header, row key, whether the value is a ratio.
+_PROCESS_SPEEDUP_COLUMNS = (
+    ("bare sync", "bare_sync", False),
+    ("bare subp.", "bare_subprocess", False),
+    ("bare ratio", "bare_speedup", True),
+    ("runner sync", "runner_sync", False),
+    ("runner subp.", "runner_subprocess", False),
+    ("runner ratio", "runner_speedup", True),
+    ("runner subp. / bare sync", "runner_subprocess_over_bare_sync", True),
+)
+
+
+def process_speedup_table(rows: list[dict[str, Any]]) -> Table:
+    """``--process-speedup``: env steps/s per side and vector env, and the ratios."""
+    table = Table(title="Bare loop and runner over sync and subprocess sub-envs (env steps/s)")
+    table.add_column("workload")
+    table.add_column("envs", justify="right")
+    for name, _, _ in _PROCESS_SPEEDUP_COLUMNS:
+        table.add_column(name, justify="right")
+    for row in rows:
+        table.add_row(
+            row["name"],
+            str(row["num_envs"]),
+            *(
+                f"{row[key]:.2f}x" if ratio else _rate(row[key])
+                for _, key, ratio in _PROCESS_SPEEDUP_COLUMNS
+            ),
+        )
+    return table
+
+
+def slow_sub_env_table(rows: list[dict[str, Any]]) -> Table:
+    """``--slow-sub-env``: what the other sub-envs keep when one is slow."""
+    table = Table(
+        title="One slow sub-env: the others' env steps/s (kept: over no slow sub-env, "
+        "every poll waiting for all)"
+    )
+    for name in ("per poll", "slow sub-env", "others steps/s", "slow steps/s", "kept"):
+        table.add_column(name, justify="right")
+    for row in rows:
+        table.add_row(
+            str(row["num_envs_per_poll"]),
+            "yes" if row["slow_sub_env"] else "no",
+            _rate(row["others_env_steps_per_s"]),
+            _rate(row["slow_env_steps_per_s"]),
+            f"{row['others_kept']:.2f}",
+        )
+    return table
+
+
 def profile_table(result: dict[str, Any], key: str = "top") -> Table:
     scope = "all code" if key == "top" else "runner code only"
     table = Table(
@@ -193,6 +243,10 @@ def print_report(console: Console, report: dict[str, Any]) -> None:
     if report.get("subprocess"):
         console.print(subprocess_table(report["subprocess"]))
         console.print(subprocess_breakdown_table(report["subprocess"]))
+    if report.get("process_speedup"):
+        console.print(process_speedup_table(report["process_speedup"]))
+    if report.get("slow_sub_env"):
+        console.print(slow_sub_env_table(report["slow_sub_env"]))
     for result in report.get("profiles") or []:
         console.print(profile_table(result, "top"))
         console.print(profile_table(result, "top_runner_code"))

@@ -102,3 +102,65 @@ def test_smoke_runner_on_subprocess_vector_env(capsys: pytest.CaptureFixture[str
 def test_unknown_workload_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--smoke", "nope"]) == 2
     assert "unknown workload 'nope'" in capsys.readouterr().err
+
+
+def test_smoke_process_speedup_and_slow_sub_env(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    out = tmp_path / "bench.json"
+    report = _run(
+        capsys, "spread", "--process-speedup", "--slow-sub-env", "--output", str(out)
+    )
+
+    assert json.loads(out.read_text()) == report
+    assert report["workloads"] == []
+    (row,) = report["process_speedup"]  # only the named workload among kaz, spread, cheap
+    assert row["name"] == "spread"
+    for key in ("bare_speedup", "runner_speedup", "runner_subprocess_over_bare_sync"):
+        assert _positive(row[key]), key
+    slow = report["slow_sub_env"]
+    assert [(r["num_envs_per_poll"], r["slow_sub_env"]) for r in slow] == [
+        (3, False), (3, True), (2, False), (2, True),
+    ]
+    assert all(r["others_env_steps_per_s"] > 0 for r in slow)
+
+
+def test_all_includes_the_process_modes_but_not_the_soaks(monkeypatch) -> None:
+    import benchmarks.cli as cli
+
+    args = cli.build_parser().parse_args(["--all"])
+    ran = []
+    measured = (
+        "compare_workload", "memory_growth", "subprocess_speedup", "vector_speedup", "slow_sub_env"
+    )
+    for name in measured:
+        monkeypatch.setattr(cli, name, lambda *a, _name=name, **k: ran.append(_name) or [])
+    sections = cli._measure(args, ["spread"], cli._settings(args), lambda _: None)
+    assert set(ran) == set(measured)
+    assert {"workloads", "memory", "subprocess", "process_speedup", "slow_sub_env"} == set(sections)
+    assert "profiles" not in sections
+
+
+@pytest.mark.parametrize(("equal", "code"), [(True, 0), (False, 1)])
+def test_soak_serve_runs_alone_and_its_exit_code_says_if_anything_was_lost(
+    monkeypatch, tmp_path: Path, equal: bool, code: int
+) -> None:
+    from benchmarks import soak_serve
+
+    seen = {}
+
+    def fake_run(minutes: float, **kwargs) -> dict:
+        seen.update(minutes=minutes, **kwargs)
+        return {
+            "minutes": minutes, "equal": equal, "server_exit_code": 0, "client_errors": 0,
+            "table": {"episodes": 3, "env_steps": 30},
+            "written": {"episodes": 3, "env_steps": 30, "batches": 3},
+            "clients_finished": {"episodes": 3, "env_steps": 30},
+            "clients_killed": 0, "hostile_answers": {}, "server_start": {}, "server_end": {},
+        }
+
+    monkeypatch.setattr(soak_serve, "run_soak_serve", fake_run)
+    out = tmp_path / "deep" / "soak.json"
+    assert main(["--soak-serve", "0.5", "--seed", "4", "--output", str(out)]) == code
+    assert seen["minutes"] == 0.5 and seen["seed"] == 4
+    assert json.loads(out.read_text())["equal"] is equal
