@@ -32,7 +32,7 @@ import os
 import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from marl_runner.checkpoint.file_format import (
     FORMAT_NAME,
@@ -44,7 +44,9 @@ from marl_runner.checkpoint.file_format import (
 )
 from marl_runner.checkpoint.trust import ImportRef, chain_imports, config_imports
 from marl_runner.config import RunnerConfig
-from marl_runner.sampling.runner import EnvRunner
+
+if TYPE_CHECKING:  # the runner imports torch: only when a checkpoint is restored
+    from marl_runner.sampling.runner import EnvRunner
 
 __all__ = [
     "FORMAT_NAME",
@@ -154,7 +156,11 @@ def restore_checkpoint(
             not have.
     """
     payload, runner_config = _load_checked(path, config, trusted, allow, overrides)
-    runner = (runner_cls or EnvRunner)(runner_config, **runner_kwargs)
+    if runner_cls is None:
+        from marl_runner.sampling.runner import EnvRunner
+
+        runner_cls = EnvRunner
+    runner = runner_cls(runner_config, **runner_kwargs)
     try:
         _apply_state(runner, payload["policies"], path)
     except BaseException:
