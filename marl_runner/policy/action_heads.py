@@ -27,26 +27,29 @@ __all__ = [
 
 # Masked logits get the most negative finite float rather than -inf, so that
 # softmax/entropy over stored dist inputs stay free of NaNs (0 * -inf).
-# Log-probs are `logit - logsumexp` rather than a full log_softmax: same
-# value, about half the cost for the narrow rows policies have.
 FLOAT_MIN = torch.finfo(torch.float32).min
 _LOG_2PI = math.log(2.0 * math.pi)
 
 
-def _gumbel_noise(like: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """Gumbel(0, 1) noise: argmax(logits + noise) samples the categorical exactly."""
+# Smallest positive normal float per dtype (uniforms are clamped to it so that no log is
+# -inf), looked up once rather than building torch.finfo on every call.
+_TINY = {
+    dtype: torch.finfo(dtype).tiny
+    for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+}
+
+
+def _negated_gumbel_noise(like: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Minus Gumbel(0, 1) noise, ``log(-log(u))``: argmax(logits - this) samples the
+    categorical exactly. Built in place (each small op costs more than its arithmetic)."""
     uniform = torch.rand(like.shape, generator=generator, device=like.device, dtype=like.dtype)
-    tiny = torch.finfo(like.dtype).tiny
-    return -torch.log(-torch.log(uniform.clamp_(min=tiny)))
-
-
-# Below this many rows log_softmax is about 2x faster than logsumexp on CPU; above, slower.
-_LOG_SOFTMAX_MAX_ROWS = 128
+    tiny = _TINY.get(like.dtype) or torch.finfo(like.dtype).tiny
+    return uniform.clamp_(min=tiny).log_().neg_().log_()
 
 
 def _scores(logits: torch.Tensor, explore: bool, generator: torch.Generator) -> torch.Tensor:
     """Logits, plus Gumbel noise when exploring: the argmax of these is the action."""
-    return logits + _gumbel_noise(logits, generator) if explore else logits
+    return torch.sub(logits, _negated_gumbel_noise(logits, generator)) if explore else logits
 
 
 def _argmax_allowed(scores: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
@@ -56,7 +59,7 @@ def _argmax_allowed(scores: torch.Tensor, allowed: torch.Tensor | None) -> torch
     can never win, whatever the logits are.
     """
     if allowed is not None:
-        scores = scores.masked_fill(~allowed, -math.inf)
+        scores = torch.where(allowed, scores, -math.inf)  # one op; masked_fill needs ~allowed
     return scores.argmax(dim=-1)
 
 
@@ -103,7 +106,7 @@ class _MaskedLogitsHead(ActionHead):
     def distribution_inputs(
         self, model_out: torch.Tensor, mask: torch.Tensor | None
     ) -> torch.Tensor:
-        return model_out if mask is None else model_out.masked_fill(~mask, FLOAT_MIN)
+        return model_out if mask is None else torch.where(mask, model_out, FLOAT_MIN)
 
 
 class CategoricalHead(_MaskedLogitsHead):
@@ -125,10 +128,11 @@ class CategoricalHead(_MaskedLogitsHead):
         return actions + self.start if self.start else actions
 
     def log_prob(self, dist_inputs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        # One log_softmax for every batch size: within a policy call it costs no more than
+        # `logit - logsumexp` even at 512 narrow rows (logsumexp is several ops), and far
+        # less at a few rows.
         index = (actions.long() - self.start if self.start else actions.long()).unsqueeze(-1)
-        if len(dist_inputs) < _LOG_SOFTMAX_MAX_ROWS:
-            return torch.log_softmax(dist_inputs, -1).gather(-1, index).squeeze(-1)
-        return dist_inputs.gather(-1, index).squeeze(-1) - dist_inputs.logsumexp(dim=-1)
+        return torch.log_softmax(dist_inputs, -1).gather(-1, index).squeeze(-1)
 
     def entropy(self, dist_inputs: torch.Tensor) -> torch.Tensor:
         return _categorical_entropy(dist_inputs)

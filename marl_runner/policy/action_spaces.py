@@ -94,13 +94,14 @@ def check_action_mask(mask: np.ndarray, space: gym.Space, num_rows: int) -> np.n
                 "every dimension of every row needs at least one allowed action"
             )
         return allowed
-    bad_rows = np.flatnonzero(~allowed.any(axis=1))
-    if bad_rows.size:
-        raise ValueError(
-            f"action_mask row {bad_rows[0]} allows no action ({bad_rows.size} of {num_rows} rows "
-            "are all zeros); every row needs at least one allowed action"
-        )
-    return allowed
+    row_allows_some = allowed.any(axis=1)
+    if row_allows_some.all():  # the usual case: no need to look for the bad rows
+        return allowed
+    bad_rows = np.flatnonzero(~row_allows_some)
+    raise ValueError(
+        f"action_mask row {bad_rows[0]} allows no action ({bad_rows.size} of {num_rows} rows "
+        "are all zeros); every row needs at least one allowed action"
+    )
 
 
 def action_feature_size(space: gym.Space) -> int:

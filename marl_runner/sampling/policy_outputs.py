@@ -63,9 +63,9 @@ def stored_columns(rows: AgentRows) -> dict[str, Any]:
         if name in META_COLUMNS:
             continue
         chunk[name] = column if isinstance(column, np.ndarray) else np.asarray(column)
-    infos = np.empty(len(rows), object)
-    infos[:] = rows["infos"]
-    chunk["infos"] = infos
+    # fromiter stores each info as it is, ~5x faster than `empty[:] = infos` (which checks
+    # every element for a nested sequence, and would even split equal-length sequences).
+    chunk["infos"] = np.fromiter(rows["infos"], object, len(rows))
     return chunk
 
 
