@@ -301,8 +301,8 @@ class KeySets:
 
 def _index_of(slots: list[int]) -> slice | np.ndarray:
     """`slots` as a numpy index: a slice when they are consecutive, else an index array."""
-    if slots == list(range(slots[0] if slots else 0, (slots[0] if slots else 0) + len(slots))):
-        start = slots[0] if slots else 0
+    start = slots[0] if slots else 0
+    if slots == list(range(start, start + len(slots))):
         return slice(start, start + len(slots))
     return np.array(slots, np.intp)
 
