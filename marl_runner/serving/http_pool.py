@@ -89,6 +89,12 @@ class PooledHTTPServer(HTTPServer):
         self._wake()
         super().server_close()
         self._parker.join(5)
+        while True:  # accepted as closing began: the parking thread ended without them
+            try:
+                request, _ = self._arrivals.get_nowait()
+            except queue.Empty:
+                break
+            self.shutdown_request(request)
         for _ in self._workers:
             self._jobs.put(None)
         self._wake_reader.close()
