@@ -78,10 +78,29 @@ class StateSync:
                     request.error = RequestError(
                         f"filter_deltas do not fit the server's filters: {exc}"
                     )
-        body = codec.encode(runner.get_state())
+        try:
+            body = codec.encode(runner.get_state())
+        except Exception as exc:
+            # Taken off the queue, these clients wait on nobody else: answer them now (500).
+            failure = RuntimeError(
+                f"the server could not snapshot its weights: {type(exc).__name__}: {exc}"
+            )
+            self._answer(requests, error=failure)
+            raise
+        self._answer(requests, body=body)
+
+    def _answer(
+        self,
+        requests: list[_SyncRequest],
+        body: bytes | None = None,
+        error: BaseException | None = None,
+    ) -> None:
+        """Hands `body`, or `error` to those without one yet, to `requests`; wakes their threads."""
         with self._lock:
             for request in requests:
                 request.body = body
+                if error is not None and request.error is None:
+                    request.error = error
             self._lock.notify_all()
 
     def stop(self, reason: str) -> None:
