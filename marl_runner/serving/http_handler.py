@@ -106,7 +106,7 @@ class PolicyRequestHandler(BaseHTTPRequestHandler):
         server = self.server.policy_server
         content_type = self._content_type()
         if not server.begin_request():
-            self._refuse_stopping(method, server.max_body_bytes, content_type)
+            self._refuse_stopping(server, method, content_type)
             return
         try:
             self._handle_request(server, method, content_type)
@@ -185,15 +185,17 @@ class PolicyRequestHandler(BaseHTTPRequestHandler):
             return
         self._send_bytes(HTTPStatus.OK, payload, content_type)
 
-    def _refuse_stopping(self, method: str, limit: int, content_type: str) -> None:
+    def _refuse_stopping(self, server: PolicyEndpoint, method: str, content_type: str) -> None:
         """503 and `Connection: close` to a request that came after `close()` began.
 
-        A body of a sane declared size is read and dropped first, so that the
-        client, maybe still sending it, gets to read the answer.
+        An authorized request's body of a sane declared size is read and
+        dropped first, so that the client, maybe still sending it, gets to
+        read the answer; anyone else gets no read of up to `max_body_bytes`.
         """
         self.close_connection = True
         length = self._declared_length()
-        if method == "POST" and length is not None and length <= limit:
+        authorized = server.token is None or self._authorized(server.token)
+        if method == "POST" and authorized and length is not None and length <= server.max_body_bytes:
             self._discard_body(length)
         self._send(HTTPStatus.SERVICE_UNAVAILABLE,
                    {"error": STOPPING_MESSAGE, "type": "ExternalEnvStopped"}, content_type)
