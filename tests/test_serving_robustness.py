@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import http.client
+import json
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -11,6 +15,7 @@ from marl_runner import EnvRunner
 from marl_runner.serving import codec
 from marl_runner.serving.server import PolicyServer
 from marl_runner.serving.state_sync import StateSync
+from marl_runner.serving.transport import HttpTransport
 from tests.test_serving_http import serve_config, wait_for
 
 
@@ -74,3 +79,54 @@ def test_a_stopping_server_reads_no_body_of_an_unauthorized_request(monkeypatch,
             server.close(timeout_s=0)
         assert (response.status, response.getheader("Connection")) == (503, "close")
         assert answer["type"] == "ExternalEnvStopped", answer
+
+
+class _ClosesWhileIdle(BaseHTTPRequestHandler):
+    """Answers 200 as keep-alive (no `Connection: close`), then closes the connection at once."""
+
+    protocol_version = "HTTP/1.1"
+    seen: list[str] = []
+
+    def _answer(self) -> None:
+        length = int(self.headers.get("Content-Length", "0"))
+        self.rfile.read(length)
+        _ClosesWhileIdle.seen.append(f"{self.command} {self.path}")
+        payload = json.dumps({"ok": True}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", codec.JSON)
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+        self.close_connection = True
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@contextmanager
+def closes_while_idle() -> Iterator[str]:
+    _ClosesWhileIdle.seen = []
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _ClosesWhileIdle)
+    httpd.daemon_threads = True
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(5)
+
+
+def test_a_kept_alive_connection_the_server_closed_is_retried_once_even_with_retries_0():
+    with closes_while_idle() as address:
+        transport = HttpTransport(address, timeout_s=10, retries=0)
+        try:
+            assert transport.get("health") == {"ok": True}
+            for _ in range(2):  # each on the connection the server closed: sent again at once
+                assert transport.post("log_returns", {"a": 1.0}) == {"ok": True}
+        finally:
+            transport.close()
+        assert _ClosesWhileIdle.seen == ["GET /v1/health"] + ["POST /v1/log_returns"] * 2

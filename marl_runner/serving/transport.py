@@ -9,7 +9,8 @@ where a second attempt cannot do anything twice:
 - any call the server refused with 503 and a `Retry-After` header (it did
   nothing and asked to be asked again);
 - a request on a kept-alive connection that the server had already closed
-  (it never read it): once, on a fresh connection;
+  (it never read it): once, at once, on a fresh connection, even with
+  `retries=0` (a closed idle connection is routine, not a failure);
 - `GET` calls (`info`, `health`: they change nothing) after any connection error.
 
 A `POST` that may have reached the server (a timeout or a dropped connection
@@ -129,7 +130,9 @@ class HttpTransport:
         """One call with the retries the module docstring lists."""
         attempts = 1 + self.retries
         delay = self.backoff_s
-        for attempt in range(1, attempts + 1):
+        attempt = 1
+        stale_retry_left = True  # outside the budget: the server never read that request
+        while True:
             try:
                 return self._request(method, name, body)
             except _Refused as refused:
@@ -137,15 +140,16 @@ class HttpTransport:
                     raise refused.error from None
                 time.sleep(min(max(refused.retry_after_s, delay), MAX_RETRY_AFTER_S))
             except _Failed as failure:
+                if failure.stale and stale_retry_left:
+                    stale_retry_left = False
+                    continue  # at once, on a fresh connection
                 retry = not failure.sent or method == "GET"
                 if not retry or attempt == attempts:
                     error = self._unavailable(method, name, failure, attempt if retry else 1)
                     raise error from failure.cause
-                if failure.stale:
-                    continue
                 time.sleep(delay)
+            attempt += 1
             delay *= 2
-        raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _unavailable(
         self, method: str, name: str, failure: _Failed, attempts: int
