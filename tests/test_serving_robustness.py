@@ -3,20 +3,28 @@
 from __future__ import annotations
 
 import http.client
+import io
 import json
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from marl_runner import EnvRunner
+from marl_runner.cli import main
 from marl_runner.serving import codec
+from marl_runner.serving import server as server_module
 from marl_runner.serving.server import PolicyServer
 from marl_runner.serving.state_sync import StateSync
 from marl_runner.serving.transport import HttpTransport
 from tests.test_serving_http import serve_config, wait_for
+
+SERVE_DRONES = Path(__file__).resolve().parents[1] / "examples" / "configs" / "serve_drones.yaml"
 
 
 def _waiting_exchanges(sync: StateSync, count: int) -> tuple[list[threading.Thread], list]:
@@ -130,3 +138,47 @@ def test_a_kept_alive_connection_the_server_closed_is_retried_once_even_with_ret
         finally:
             transport.close()
         assert _ClosesWhileIdle.seen == ["GET /v1/health"] + ["POST /v1/log_returns"] * 2
+
+
+class _ClosedPipe(io.StringIO):
+    """Standard output whose reader went away (`marl-runner serve | head`, then head exits).
+
+    rich then points the file descriptor at /dev/null and raises SystemExit:
+    `fd` is a scratch file's, so the test's own output is untouched.
+    """
+
+    def __init__(self, fd: int) -> None:
+        super().__init__()
+        self.fd = fd
+
+    def write(self, text: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def fileno(self) -> int:
+        return self.fd
+
+
+def test_serve_closes_the_server_when_announcing_it_fails(monkeypatch, tmp_path):
+    built: list[server_module.PolicyServer] = []
+
+    class Recorded(server_module.PolicyServer):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            built.append(self)
+
+    monkeypatch.setattr(server_module, "PolicyServer", Recorded)
+    stdout = sys.stdout
+    with open(tmp_path / "stdout", "w") as scratch:  # open throughout: its fd is not reused
+        monkeypatch.setattr(sys, "stdout", _ClosedPipe(scratch.fileno()))
+        try:
+            with pytest.raises(SystemExit):
+                main(["serve", str(SERVE_DRONES), "--port", "0"])
+        finally:
+            monkeypatch.setattr(sys, "stdout", stdout)
+            left_open = [server for server in built if not server.closing]
+            for server in left_open:
+                server.close(timeout_s=0)
+    assert len(built) == 1 and not left_open, "the server was left open"
+    host, port = built[0].server_address_tuple()
+    with pytest.raises(ConnectionRefusedError):
+        http.client.HTTPConnection(host, port, timeout=10).connect()

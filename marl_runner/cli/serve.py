@@ -206,20 +206,24 @@ def _serve(
                 )
             except (ServerSetupError, OSError) as exc:
                 raise CommandError(f"cannot serve on {args.host}:{args.port}: {exc}") from exc
-            server.start()
-            console.print(
-                f"serving {config.env['name']} on {server.address} "
-                f"({config.num_envs} episodes at once)",
-                highlight=False,
-                soft_wrap=True,
-            )
-            console.file.flush()
             try:
-                with progress:
-                    try:
-                        server.serve(stop, writer)
-                    finally:
-                        _stop_serving(runner, server, writer)
+                try:
+                    server.start()
+                    console.print(
+                        f"serving {config.env['name']} on {server.address} "
+                        f"({config.num_envs} episodes at once)",
+                        highlight=False,
+                        soft_wrap=True,
+                    )
+                    console.file.flush()
+                    with progress:
+                        try:
+                            server.serve(stop, writer)
+                        finally:
+                            _stop_serving(runner, server, writer)
+                finally:  # failed before serving (a closed stdout): nothing else closes it
+                    if not server.closing:
+                        server.close()
             finally:  # on an error too, the log gets its last record
                 metrics = _written_metrics(run_metrics.finish(), writer)
             uploaded = server.num_uploaded
