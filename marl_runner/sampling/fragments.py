@@ -48,8 +48,9 @@ class FragmentBuilder:
 
     # ---- counting
 
-    def count_env_steps(self, env_ids: list[int]) -> None:
-        """One env step for each listed sub-env (towards its fragment and its episode)."""
+    def count_env_steps(self, env_ids: np.ndarray) -> None:
+        """One env step for each listed sub-env, listed once (towards its fragment and its
+        episode)."""
         self._env_steps[env_ids] += 1
         self._episode_steps[env_ids] += 1
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import traceback
 from collections.abc import Callable
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,8 @@ from marl_runner.sampling.episode_ids import EpisodeIds
 from marl_runner.sampling.fragments import FragmentBuilder
 from marl_runner.sampling.policy_map import PolicyMap
 from marl_runner.sampling.trajectories import KeyTable
+
+_ENV_ID = attrgetter("env_id")
 
 logger = logging.getLogger(__name__)
 
@@ -105,9 +108,16 @@ class EpisodeLifecycle:
         return self._sub_env_steps[env_ids] - self._keys.episode_start_step[keys]
 
     def advance(self, episodes: list[MultiAgentEpisode]) -> None:
-        """One env step more for each of these running episodes."""
+        """One env step more for each of these running episodes (of distinct sub-envs):
+        the sub-env step counts in one numpy add, not one scalar add per sub-env."""
+        if not episodes:
+            return
+        self._sub_env_steps[np.fromiter(map(_ENV_ID, episodes), np.int64, len(episodes))] += 1
         for episode in episodes:
-            self._advance(episode)
+            episode.length += 1
+        if self._max_episode_steps is not None and not self._warned_long_episode:
+            for episode in episodes:
+                self._warn_if_long(episode)
 
     def new_slot(self, episode: MultiAgentEpisode, agent_id: Any) -> AgentSlot:
         """A first-time agent's slot: its policy mapped (and built), its trajectory key."""
@@ -229,6 +239,9 @@ class EpisodeLifecycle:
     def _advance(self, episode: MultiAgentEpisode) -> None:
         episode.length += 1
         self._sub_env_steps[episode.env_id] += 1
+        self._warn_if_long(episode)
+
+    def _warn_if_long(self, episode: MultiAgentEpisode) -> None:
         limit = self._max_episode_steps
         if limit is not None and episode.length == limit + 1 and not self._warned_long_episode:
             self._warned_long_episode = True

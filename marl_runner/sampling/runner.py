@@ -10,6 +10,7 @@ number of agents and sub-envs. ``sample()`` steps until its target is reached.
 from __future__ import annotations
 
 from collections.abc import Callable
+from operator import attrgetter
 from typing import Any, NamedTuple
 
 import gymnasium as gym
@@ -33,6 +34,8 @@ from marl_runner.sampling.policy_outputs import Evaluated, run_action_connectors
 from marl_runner.sampling.postprocess import postprocess_trajectories
 from marl_runner.sampling.round import Round, RoundCollector
 from marl_runner.sampling.trajectories import KeyTable
+
+_ENV_ID = attrgetter("env_id")
 
 
 class RoundActions(NamedTuple):
@@ -361,11 +364,13 @@ class EnvRunner:
             self._to_reset.add(env_id)  # its resets kept failing: try again next step
 
     def _count_env_steps(self, stepped: list) -> None:
-        env_ids = [episode.env_id for episode in stepped]
+        env_ids = np.fromiter(map(_ENV_ID, stepped), np.int64, len(stepped))
         untrained = self._episodes.untrained_env_ids
-        self._fragments.count_env_steps([e for e in env_ids if e not in untrained] if untrained else env_ids)
-        self._num_env_steps_total += len(env_ids)
-        self._metrics.num_env_steps += len(env_ids)
+        if untrained:
+            env_ids = env_ids[~np.isin(env_ids, list(untrained))]
+        self._fragments.count_env_steps(env_ids)
+        self._num_env_steps_total += len(stepped)
+        self._metrics.num_env_steps += len(stepped)
         self._episodes.stepped(stepped)
 
     # ---- agent connectors

@@ -198,7 +198,7 @@ class PolicyTrajectories:
         batch["eps_id"] = keys.eps_id[transition_keys]
         batch["env_id"] = keys.env_id[transition_keys]
         batch["agent_index"] = keys.agent_index[transition_keys]
-        batch["agent_id"] = keys.agent_id[transition_keys].astype(str)
+        batch["agent_id"] = _agent_id_strings(keys.agent_id, transition_keys, segment_ends)
         batch["unroll_id"] = np.full(len(open_pos), unroll_id, np.int64)
         if "state_in_0" in batch:
             batch["seq_lens"] = np.ones(len(open_pos), np.int32)
@@ -216,6 +216,15 @@ def _closing_of_pairs(
     out[:-1] = opened[1:]
     out[segment_ends] = np.take(column, closing[segment_ends], axis=0)
     return out
+
+
+def _agent_id_strings(
+    agent_ids: np.ndarray, transition_keys: np.ndarray, segment_ends: np.ndarray
+) -> np.ndarray:
+    """``agent_ids[transition_keys].astype(str)``, converted once per trajectory (the sorted
+    keys come in runs ending at ``segment_ends``) and repeated: str() per row is slow."""
+    runs = np.diff(segment_ends, prepend=-1)
+    return np.repeat(agent_ids[transition_keys[segment_ends]].astype(str), runs)
 
 
 def _stable_argsort(keys: np.ndarray, num_keys: int) -> np.ndarray:
