@@ -301,3 +301,13 @@ def test_missing_pyarrow_names_the_extra(tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.delattr(marl_runner.io, "parquet", raising=False)
     with pytest.raises(ImportError, match=r"pip install 'marl-runner\[parquet\]'"):
         write_batch(make_batch(), tmp_path, 1, "parquet")
+
+
+def test_columns_read_back_are_writable_like_the_ones_written(tmp_path: Path) -> None:
+    """Arrow's buffers are read-only; trainers write columns in place (and torch warns)."""
+    write_batch(make_batch(), tmp_path, 1, "parquet")
+    (batch,) = read_batches(tmp_path)
+    for policy_batch in batch.policy_batches.values():
+        for name, column in policy_batch.items():
+            if isinstance(column, np.ndarray) and column.dtype != object:
+                assert column.flags.writeable, name

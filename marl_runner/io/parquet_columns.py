@@ -199,4 +199,7 @@ def _decode_array(array: pa.Array, record: Mapping[str, Any], rows: int) -> np.n
         values = np.array(array.to_pylist(), dtype=dtype)
     else:
         values = array.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
+        # Arrow hands out read-only views of its buffers; a batch read back must be as
+        # writable as the one written (trainers normalise columns in place, torch warns).
+        values = np.require(values, requirements="W")
     return values.reshape((rows, *shape))
