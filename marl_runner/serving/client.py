@@ -21,7 +21,9 @@ Connection failures: a failed connection is replaced by a fresh one on the
 next call. Calls that cannot act twice (any call whose connection could not
 be opened, `GET` calls, a 503 with `Retry-After`) are retried `retries`
 times with exponential backoff from `backoff_s`; a `POST` that may have
-reached the server is not. Either way the error is `PolicyServerUnavailable`
+reached the server is not. A request on a kept-alive connection the server
+had closed while idle is resent once at once, even with `retries=0`. Either
+way the error is `PolicyServerUnavailable`
 naming the server and the call (see `marl_runner.serving.transport`).
 """
 
