@@ -173,6 +173,9 @@ class _SinglePolicyMapping:
         return f"<policy mapping: every agent -> {self.policy_id!r}>"
 
 
+_MAX_MATCHED_NAMES = 65536
+
+
 class _GlobMapping:
     """Agent-id globs checked in order; the first match names the policy."""
 
@@ -186,11 +189,20 @@ class _GlobMapping:
                     f"{policy_id!r}; known policies: {_listing(policy_ids)}"
                 )
         self.patterns = dict(patterns)
+        # Matching globs costs microseconds per agent at every episode start; the answer
+        # for a name never changes.
+        self._matched: dict[str, str] = {}
 
     def __call__(self, agent_id: Any, episode: Any = None, **kwargs: Any) -> str:
         name = str(agent_id)
+        policy_id = self._matched.get(name)
+        if policy_id is not None:
+            return policy_id
         for pattern, policy_id in self.patterns.items():
             if fnmatch.fnmatchcase(name, pattern):
+                if len(self._matched) >= _MAX_MATCHED_NAMES:  # envs that mint fresh agent ids
+                    self._matched.clear()
+                self._matched[name] = policy_id
                 return policy_id
         raise PolicyMappingError(
             f"agent {agent_id!r} matches none of the patterns "

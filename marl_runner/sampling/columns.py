@@ -25,8 +25,9 @@ class ColumnBuffer:
         self._arrays: dict[str, np.ndarray] = {}
 
     def append(self, columns: dict[str, Any], num_rows: int) -> None:
-        """Adds ``num_rows`` rows; a column missing here (or new here) is zero for the
-        rows that lack it (a round in which every row was done has no action side)."""
+        """Adds ``num_rows`` rows; a 0-d value is that value on each of them. A column
+        missing here (or new here) is zero for the rows that lack it (a round in which
+        every row was done has no action side)."""
         start, stop = self.size, self.size + num_rows
         arrays = self._arrays
         for name, value in columns.items():

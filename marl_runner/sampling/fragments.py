@@ -55,15 +55,23 @@ class FragmentBuilder:
         self._episode_steps[env_ids] += 1
 
     def add_rows(
-        self, policy_id: str, chunk: dict[str, Any], num_rows: int, closing_env_ids: np.ndarray
+        self,
+        policy_id: str,
+        chunk: dict[str, Any],
+        num_rows: int,
+        env_ids: np.ndarray,
+        closing: np.ndarray,
     ) -> None:
-        """Stores a policy's rows of one round; ``closing_env_ids`` has one entry per agent step."""
+        """Stores a policy's rows of one round (a 0-d column is that value on every row);
+        each row marked ``closing`` is an agent step of its sub-env (``env_ids``)."""
         store = self.stores.get(policy_id)
         if store is None:
             store = self.stores[policy_id] = PolicyTrajectories(policy_id)
         store.add(chunk, num_rows)
-        if self._count_agent_steps and len(closing_env_ids):
-            self._agent_steps += np.bincount(closing_env_ids, minlength=len(self._agent_steps))
+        if self._count_agent_steps:
+            closing_env_ids = env_ids[closing]
+            if len(closing_env_ids):
+                self._agent_steps += np.bincount(closing_env_ids, minlength=len(self._agent_steps))
 
     # ---- episodes
 

@@ -73,11 +73,12 @@ def scatter(columns: dict[str, Any], needs_action: np.ndarray, num_rows: int) ->
     """Action-side columns over all rows of the round (zeros on done rows)."""
     if len(needs_action) == num_rows and needs_action.all():
         return {name: _as_column(value, num_rows) for name, value in columns.items()}
+    acting = np.flatnonzero(needs_action)
     out = {}
     for name, value in columns.items():
-        value = _as_column(value, int(needs_action.sum()))
+        value = _as_column(value, len(acting))
         full = np.zeros((num_rows,) + value.shape[1:], value.dtype)
-        full[needs_action] = value
+        full[acting] = value
         out[name] = full
     return out
 

@@ -438,18 +438,23 @@ class EnvRunner:
         for policy_id, rows in rows_by_policy.items():
             chunk = stored_columns(rows)
             chunk.update(action_columns.get(policy_id) or {})
-            # The weights that chose the row's action (every row of a round: same policy).
-            chunk["policy_version"] = np.full(len(rows), policies[policy_id].policy_version, np.int64)
+            # The weights that chose the row's action (every row of a round: same policy),
+            # one value the store spreads over the rows.
+            chunk["policy_version"] = np.int64(policies[policy_id].policy_version)
             chunk["env_t"] = self._episodes.env_t(rows["env_ids"], rows["keys"])
             closing = ~rows["is_first"]
-            self._metrics.num_agent_steps += int(closing.sum())
+            self._metrics.num_agent_steps += int(np.count_nonzero(closing))
             num_rows = len(rows)
+            env_ids = rows["env_ids"]
             if untrained:
-                trained = ~np.isin(rows["env_ids"], list(untrained))
-                chunk = {name: column[trained] for name, column in chunk.items()}
+                trained = ~np.isin(env_ids, list(untrained))
+                chunk = {
+                    name: column[trained] if np.ndim(column) else column
+                    for name, column in chunk.items()
+                }
+                num_rows = int(np.count_nonzero(trained))
                 closing &= trained
-                num_rows = int(trained.sum())
-            self._fragments.add_rows(policy_id, chunk, num_rows, rows["env_ids"][closing])
+            self._fragments.add_rows(policy_id, chunk, num_rows, env_ids, closing)
 
     # ---- send
 
