@@ -3,6 +3,7 @@ step results for the next poll, reset results for `try_reset`, bad output to rai
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from marl_runner.envs.base_env import EnvID, PollResult, put_failure, put_reset
@@ -25,16 +26,19 @@ class Replies:
         self.prefetched: dict[EnvID, Any] = {}
         #: Replies to reset requests, until `try_reset` takes them.
         self.reset_replies: dict[EnvID, Any] = {}
-        #: Bad output found while reading this round's replies (restarts off): raised by poll.
-        self.bad_output: EnvError | None = None
+        #: Bad output found while reading this round's replies (restarts off), per sub-env:
+        #: poll raises the first in the round's order.
+        self.bad_output: dict[EnvID, EnvError] = {}
 
-    def take(self) -> PollResult:
-        """This round's results; raises the bad output found instead (keeping the results)."""
-        if self.bad_output is not None:
-            error, self.bad_output = self.bad_output, None
-            raise error
+    def take(self, order: Iterable[EnvID] | None = None) -> PollResult:
+        """This round's results (sub-envs in `order` if given, whatever order their
+        replies came in); raises the bad output found instead (keeping the results)."""
+        if self.bad_output:
+            bad, self.bad_output = self.bad_output, {}
+            first = next((env_id for env_id in order or () if env_id in bad), next(iter(bad)))
+            raise bad[first]
         poll, self.ready = self.ready, empty_poll()
-        return poll
+        return poll if order is None else in_order(poll, order)
 
     def forget(self, env_ids: list[EnvID]) -> None:
         """Drop what recreated sub-envs' old envs answered."""
@@ -139,7 +143,7 @@ class Replies:
         if not self.restarts.restart_failed:
             if raise_bad:
                 raise error
-            self.bad_output = self.bad_output or error
+            self.bad_output.setdefault(env_id, error)
         return error
 
 
@@ -149,6 +153,17 @@ def _attach_if_new(reader: SharedObsReader, block_name: str | None) -> None:
         reader.block is None or reader.block.name.lstrip("/") != block_name.lstrip("/")
     ):
         reader.attach(block_name)
+
+
+def in_order(poll: PollResult, order: Iterable[EnvID]) -> PollResult:
+    """`poll` with its sub-envs in `order` (those not in it last, as they were)."""
+    keys = list(poll[0])
+    wanted = [env_id for env_id in order if env_id in poll[0]]
+    if keys == wanted:
+        return poll
+    rank = {env_id: n for n, env_id in enumerate(wanted)}
+    keys.sort(key=lambda env_id: rank.get(env_id, len(rank)))
+    return tuple({env_id: part[env_id] for env_id in keys} for part in poll)
 
 
 def empty_poll() -> PollResult:

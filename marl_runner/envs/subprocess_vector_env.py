@@ -37,14 +37,17 @@ from marl_runner.envs.subprocess_restarts import RestartBook, lost_worker_error,
 class SubprocessVectorEnv(BaseEnv):
     """Sub-envs spread over worker processes, several per worker.
 
-    Default (synchronous) protocol: `poll` sends every worker the actions of
-    its sub-envs, then collects the replies, so workers step in parallel;
-    results equal SyncVectorEnv's for the same seed (same seeding rule, same
-    order), and so do a runner's batches.
+    Default (synchronous) protocol: `send_actions` sends every worker the
+    actions of its sub-envs at once, so workers step in parallel while the
+    caller finishes its round (a runner builds its fragments meanwhile);
+    `poll` waits for every reply, reading each as it comes (the first
+    worker's results are copied out while the others still step), and hands
+    them out in the order the actions were sent. Results equal
+    SyncVectorEnv's for the same seed (same seeding rule, same order), and
+    so do a runner's batches.
 
     Async pools (`num_envs_per_poll` < `num_envs`, as EnvPool's and
-    PufferLib's batch size): `send_actions` forwards each worker its
-    sub-envs' actions at once, and `poll` returns as soon as the results of
+    PufferLib's batch size): `poll` returns as soon as the results of
     at least `num_envs_per_poll` sub-envs are in (or every sub-env still
     stepping has answered), with every result ready by then, so workers step
     while the caller works on the others' results and a slow sub-env never
@@ -190,7 +193,8 @@ class SubprocessVectorEnv(BaseEnv):
             self._finalizer()
             raise
         self._restarts = RestartBook(restart_failed, self._seeds)
-        self._pending_actions: dict[EnvID, MultiAgentDict] = {}
+        #: Sub-envs sent actions since the last poll, in order (the synchronous protocol).
+        self._round_order: dict[EnvID, None] = {}
         self._replies = Replies(self._restarts)
         #: Workers whose sub-envs' first resets are still to be asked for.
         self._to_start = list(self._workers)
@@ -210,24 +214,19 @@ class SubprocessVectorEnv(BaseEnv):
                 ]
                 del self._to_start[0]
                 self._send(worker, "start", request)
-            self._collect_all()
-            return self._replies.take()
+            self._collect_replies(None)
+            return self._replies.take(range(self.num_envs))
         self.stats.polls += 1
         if self.async_poll:
-            return self._poll_ready()
-        actions = self._pending_actions
-        if actions:
-            requests: list[list[Any]] = [[] for _ in self._workers]
-            worker_of_env = self._worker_of_env
-            for env_id, env_actions in actions.items():
-                requests[worker_of_env[env_id]].append((env_id, env_actions))
-            for worker, request in zip(self._workers, requests):
-                if request:
-                    self._send_step(worker, request, actions)
-        self._collect_all()
-        return self._replies.take()
+            self._collect_replies(self.num_envs_per_poll)
+            return self._replies.take()
+        self._collect_replies(None)
+        order, self._round_order = self._round_order, {}
+        return self._replies.take(order)
 
     def send_actions(self, actions: dict[EnvID, MultiAgentDict]) -> None:
+        """Sends each worker its sub-envs' actions at once (one message per worker), so
+        they step while the caller finishes its round; `poll` collects the results."""
         prefetched = self._replies.prefetched
         for env_id in actions:
             if not 0 <= env_id < self.num_envs:
@@ -235,8 +234,8 @@ class SubprocessVectorEnv(BaseEnv):
             if prefetched:
                 prefetched.pop(env_id, None)  # stepped without try_reset: the reset is stale
         if not self.async_poll:
-            self._pending_actions.update(actions)
-            return
+            # The next poll hands the results out in this order, as SyncVectorEnv does.
+            self._round_order.update(dict.fromkeys(actions))
         requests: list[list[Any]] = [[] for _ in self._workers]
         worker_of_env = self._worker_of_env
         for env_id, env_actions in actions.items():
@@ -406,24 +405,14 @@ class SubprocessVectorEnv(BaseEnv):
             self.stats.pickled_step_messages += 1
             send(worker.conn, ("step", (request, slots.take_unsent())))
 
-    def _send_step(
-        self,
-        worker: WorkerHandle,
-        request: list[tuple[EnvID, MultiAgentDict]],
-        pending: dict[EnvID, MultiAgentDict] | None = None,
-    ) -> None:
-        """Send a worker its sub-envs' actions, taking them out of `pending` once sent.
-
-        Sub-envs of a recreated worker that were not reset since fail instead.
-        """
+    def _send_step(self, worker: WorkerHandle, request: list[tuple[EnvID, MultiAgentDict]]) -> None:
+        """Send a worker its sub-envs' actions; sub-envs of a recreated worker that were
+        not reset since fail instead."""
         request, stale = self._restarts.split_stale(request, worker.index)
         for env_id, error in stale:
             self._replies.fail(env_id, error)
         if request and self._send(worker, "step", request):
             self.stats.step_requests += 1
-        if pending is not None:
-            for env_id, _ in request:
-                pending.pop(env_id, None)
 
     def _request(self, worker: WorkerHandle, kind: str, env_id: EnvID) -> Any:
         """One restart/render request and its reply; None (the worker marked dead) if it died."""
@@ -435,36 +424,30 @@ class SubprocessVectorEnv(BaseEnv):
 
     # ---- receiving
 
-    def _collect_all(self) -> None:
-        for worker in self._workers:
-            if worker.in_flight is not None or worker.unread is not None:
-                self._collect(worker)
-
-    def _poll_ready(self) -> PollResult:
-        """The results read so far plus those of every worker ready now; waits while
-        fewer than `num_envs_per_poll` sub-envs are in (and some are still stepping)."""
+    def _collect_replies(self, wanted: int | None) -> None:
+        """Read replies in the order they come (the first worker's results are copied out
+        while the others still step) until `wanted` sub-env results are in or no worker
+        is busy (None: until none is), then those ready now."""
         for worker in self._workers:
             if worker.unread is not None:
                 self._collect(worker)
+        ready = self._replies.ready[0]
         busy = [worker for worker in self._workers if worker.in_flight is not None]
-        wanted = self.num_envs_per_poll
-        if busy and len(self._replies.ready[0]) < wanted:
+        while busy and (wanted is None or len(ready) < wanted):
             start = perf_counter()
-            while busy and len(self._replies.ready[0]) < wanted:
-                ready = wait([worker.conn for worker in busy], timeout=self._wait_s(busy))
-                for worker in busy:
-                    if worker.conn in ready:
-                        self._collect(worker)
-                    else:
-                        self._time_out_if_late(worker)
-                busy = [worker for worker in busy if worker.in_flight is not None]
+            answered = wait([worker.conn for worker in busy], timeout=self._wait_s(busy))
             self.stats.parent_wait_s += perf_counter() - start
-        if busy:
-            ready = wait([worker.conn for worker in busy], timeout=0)
             for worker in busy:
-                if worker.conn in ready:
+                if worker.conn in answered:
                     self._collect(worker)
-        return self._replies.take()
+                else:
+                    self._time_out_if_late(worker)
+            busy = [worker for worker in busy if worker.in_flight is not None]
+        if busy:
+            answered = wait([worker.conn for worker in busy], timeout=0)
+            for worker in busy:
+                if worker.conn in answered:
+                    self._collect(worker)
 
     def _deadline(self, worker: WorkerHandle) -> float:
         """When the worker's current env call (or the request) runs out of time."""
