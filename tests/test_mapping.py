@@ -95,6 +95,27 @@ def test_errors_of_the_user_function_pass_through() -> None:
     assert issubclass(PolicyMappingError, ValueError)
 
 
+def test_glob_dict_answers_repeat_without_matching_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    import marl_runner.mapping as mapping
+
+    fn = make_policy_mapping_fn({"archer_*": "archer", "*": "rest"}, ["archer", "rest"])
+    first = [fn(a, None) for a in KAZ_AGENTS]
+    monkeypatch.setattr(mapping.fnmatch, "fnmatchcase", lambda *a: pytest.fail("matched again"))
+    assert [fn(a, None) for a in KAZ_AGENTS] == first == ["archer", "archer", "rest", "rest"]
+    with pytest.raises(pytest.fail.Exception):
+        fn("knight_9", None)  # a new name is matched
+
+
+def test_glob_dict_memory_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    import marl_runner.mapping as mapping
+
+    monkeypatch.setattr(mapping, "_MAX_MATCHED_NAMES", 8)
+    fn = make_policy_mapping_fn({"*": "rest"}, ["rest"])
+    for i in range(100):  # an env that mints a fresh agent id per episode
+        assert fn(f"agent_{i}", None) == "rest"
+    assert len(fn._matched) <= 8
+
+
 def test_glob_dict_is_case_sensitive() -> None:
     fn = make_policy_mapping_fn({"Archer_*": "a", "*": "b"}, ["a", "b"])
     assert fn("archer_0", None) == "b"
