@@ -68,6 +68,8 @@ class PerfStats:
         self.num_steps = 0
         self._totals = dict.fromkeys(PHASES, 0.0)
         self._ema = dict.fromkeys(PHASES, 0.0)
+        # What ``get`` returned since the last step (every episode ending in a round asks).
+        self._last: dict[str, float] | None = None
 
     def record_step(self, seconds_by_step: dict[str, float]) -> None:
         """One runner step's timings keyed by step name (``STEP_PHASES``), added as phases."""
@@ -75,6 +77,7 @@ class PerfStats:
         for step, seconds in seconds_by_step.items():
             current[STEP_PHASES[step]] += seconds
         self.num_steps += 1
+        self._last = None
         for phase, seconds in current.items():
             if self.ema_coef is None:
                 self._totals[phase] += seconds
@@ -84,13 +87,15 @@ class PerfStats:
                 self._ema[phase] = (1 - self.ema_coef) * self._ema[phase] + self.ema_coef * seconds
 
     def get(self) -> dict[str, float]:
-        """``mean_<phase>_ms`` for every phase: the mean over steps, or the EMA."""
-        if self.ema_coef is None:
-            steps = max(self.num_steps, 1)
-            values = {p: s / steps for p, s in self._totals.items()}
-        else:
-            values = self._ema
-        return {f"mean_{phase}_ms": values[phase] * 1000.0 for phase in PHASES}
+        """``mean_<phase>_ms`` for every phase: the mean over steps, or the EMA (a copy)."""
+        if self._last is None:
+            if self.ema_coef is None:
+                steps = max(self.num_steps, 1)
+                values = {p: s / steps for p, s in self._totals.items()}
+            else:
+                values = self._ema
+            self._last = {f"mean_{phase}_ms": values[phase] * 1000.0 for phase in PHASES}
+        return dict(self._last)
 
 
 class StepTimer:

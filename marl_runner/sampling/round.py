@@ -155,7 +155,9 @@ class RoundCollector:
         all_obs, all_rewards, all_terminateds, all_truncateds, all_infos = polled[:5]
         keep_last_obs = self._keep_last_obs
         taken, rest = [], []
-        layouts, obs_dicts, reward_dicts, info_dicts = [], [], [], []
+        # Sub-envs grouped by layout shape (a turn-based env's sub-envs at different turns
+        # make several): (layouts, obs dicts, reward dicts, info dicts) per shape.
+        alike: dict[LayoutShape, tuple[list, list, list, list]] = {}
         for env_id, env_obs in all_obs.items():
             episode = episodes.get(env_id)
             layout = (
@@ -180,21 +182,15 @@ class RoundCollector:
             if keep_last_obs:
                 episode.last_raw_obs.update(env_obs)
             taken.append(episode)
-            layouts.append(layout)
-            obs_dicts.append(env_obs)
-            reward_dicts.append(env_rewards)
-            info_dicts.append(all_infos.get(env_id) or _NOTHING)
-        if taken:
-            shape = layouts[0].shape
-            if all(layout.shape is shape for layout in layouts):
-                _add_alike(round_, shape, layouts, obs_dicts, reward_dicts, info_dicts)
-            else:  # e.g. a turn-based env's sub-envs at different turns
-                alike: dict[LayoutShape, tuple[list, list, list, list]] = {}
-                for item in zip(layouts, obs_dicts, reward_dicts, info_dicts):
-                    for column, value in zip(alike.setdefault(item[0].shape, ([], [], [], [])), item):
-                        column.append(value)
-                for shape, columns in alike.items():
-                    _add_alike(round_, shape, *columns)
+            columns = alike.get(layout.shape)
+            if columns is None:
+                columns = alike[layout.shape] = ([], [], [], [])
+            columns[0].append(layout)
+            columns[1].append(env_obs)
+            columns[2].append(env_rewards)
+            columns[3].append(all_infos.get(env_id) or _NOTHING)
+        for shape, columns in alike.items():
+            _add_alike(round_, shape, *columns)
         return taken, rest
 
     def collect(self, round_: Round, episode: MultiAgentEpisode, output: SubEnvOutput) -> None:
