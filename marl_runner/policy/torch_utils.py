@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-__all__ = ["packed_to_numpy", "resolve_device", "seeded_cpu_rng", "to_numpy"]
+__all__ = ["packed_to_numpy", "resolve_device", "seeded_cpu_rng"]
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -28,20 +28,13 @@ def resolve_device(device: str | torch.device) -> torch.device:
     return resolved
 
 
-def to_numpy(tensors: list[torch.Tensor]) -> list[np.ndarray]:
-    """Same-length tensors on one device -> numpy, with at most one device-to-host copy.
-
-    On CPU this is free (shared memory). On an accelerator everything is packed
-    into one float32 block first (integer actions are exact in float32 below
-    2**24), so a round pays for a single transfer and synchronisation.
-    """
-    if tensors[0].device.type == "cpu":
-        return [t.numpy() for t in tensors]
-    return packed_to_numpy(tensors)
-
-
 def packed_to_numpy(tensors: list[torch.Tensor]) -> list[np.ndarray]:
-    """:func:`to_numpy` through one packed float32 block (the accelerator path)."""
+    """Same-length tensors on an accelerator -> numpy, with one device-to-host copy.
+
+    Everything is packed into one float32 block first (integer actions are exact
+    in float32 below 2**24), so a round pays for a single transfer and
+    synchronisation. On CPU, call ``.numpy()`` instead: that shares memory.
+    """
     num_rows = len(tensors[0])
     widths = [int(np.prod(t.shape[1:])) for t in tensors]
     packed = torch.cat([t.reshape(num_rows, w).float() for t, w in zip(tensors, widths)], dim=1)
