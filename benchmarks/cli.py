@@ -4,7 +4,8 @@ Modes (combine freely; none given means ``--throughput``):
 
 - ``--throughput``: runner vs bare loop per workload, agent steps/s, ratio, RSS,
   and the per-phase breakdown.
-- ``--memory``: RSS growth of the runner between 200k and 1M agent steps (cheap).
+- ``--memory``: RSS growth between 200k and 1M agent steps (cheap) on each vector env
+  backend (``--memory-backends``): the main process and every env worker or actor.
 - ``--subprocess-speedup``: runner with ``vectorize: subprocess`` vs ``sync`` on
   env-bound workloads (kaz, pistonball); ``--async-poll`` adds the asynchronous
   subprocess protocol; both with a per-round breakdown of where the time goes.
@@ -41,7 +42,13 @@ import numpy as np
 import torch
 from rich.console import Console
 
-from benchmarks.measure import Settings, compare_workload, memory_growth, subprocess_speedup
+from benchmarks.measure import Settings, compare_workload, subprocess_speedup
+from benchmarks.memory_backends import (
+    MEMORY_BACKENDS,
+    RAY_NUM_ENVS,
+    memory_growth,
+    parse_backends,
+)
 from benchmarks.profiling import profile_workload
 from benchmarks.report import print_report
 from benchmarks.subprocess_pools import SPEEDUP_WORKLOADS, slow_sub_env, vector_speedup
@@ -52,6 +59,8 @@ SCHEMA_VERSION = 1
 ALL_MODES = ("throughput", "memory", "subprocess_speedup", "process_speedup", "slow_sub_env")
 #: ``--slow-sub-env`` window under ``--smoke``: a zero-length window would count no steps.
 SMOKE_WINDOW_S = 0.2
+#: ``--memory`` sub-envs under ray with ``--smoke``: each is a process to start.
+SMOKE_RAY_ENVS = 2
 Progress = Callable[[str], None]
 
 
@@ -86,7 +95,8 @@ def _add_report_modes(parser: argparse.ArgumentParser) -> None:
     )
     modes.add_argument(
         "--memory", action="store_true",
-        help="RSS growth between --memory-start and --memory-end agent steps",
+        help="RSS growth between --memory-start and --memory-end agent steps on each of "
+        "--memory-backends: main process and every env worker or actor",
     )
     modes.add_argument(
         "--subprocess-speedup", action="store_true",
@@ -167,7 +177,8 @@ def _add_vector_env_options(parser: argparse.ArgumentParser) -> None:
     vector = parser.add_argument_group("vector env")
     vector.add_argument(
         "--vectorize", choices=("sync", "subprocess"), default="sync",
-        help="vector env for runner and bare loop alike (default sync)",
+        help="vector env for runner and bare loop alike (default sync); --memory measures "
+        "--memory-backends instead",
     )
     vector.add_argument(
         "--async-poll", action="store_true",
@@ -177,7 +188,7 @@ def _add_vector_env_options(parser: argparse.ArgumentParser) -> None:
     vector.add_argument(
         "--num-workers", type=int, default=None, metavar="N",
         help="worker processes for vectorize subprocess (default: the env's choice; 2 for "
-        "--subprocess-speedup and --process-speedup)",
+        "--memory, --subprocess-speedup and --process-speedup)",
     )
 
 
@@ -192,6 +203,11 @@ def _add_mode_options(parser: argparse.ArgumentParser) -> None:
         help="--memory: agent steps at the last RSS reading (default 1,000,000)",
     )
     options.add_argument(
+        "--memory-backends", type=_memory_backends, default=MEMORY_BACKENDS, metavar="LIST",
+        help=f"--memory: comma-separated backends (default {','.join(MEMORY_BACKENDS)}; ray "
+        "is skipped with the reason when Ray is not installed)",
+    )
+    options.add_argument(
         "--profile-top", type=int, default=15, metavar="N",
         help="functions listed per profile (default 15)",
     )
@@ -199,6 +215,13 @@ def _add_mode_options(parser: argparse.ArgumentParser) -> None:
         "--profile-dir", type=Path, default=None, metavar="DIR",
         help="also save each full profile as DIR/<workload>.prof",
     )
+
+
+def _memory_backends(text: str) -> tuple[str, ...]:
+    try:
+        return parse_backends(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _add_output_options(parser: argparse.ArgumentParser) -> None:
@@ -306,8 +329,9 @@ def _measure(
     if "memory" in chosen:
         start, end = (5_000, 10_000) if settings.smoke else (args.memory_start, args.memory_end)
         sections["memory"] = memory_growth(
-            settings, start_steps=start, end_steps=end, every_steps=max(end // 10, 1),
-            **vector, progress=progress,
+            settings, backends=args.memory_backends, start_steps=start, end_steps=end,
+            every_steps=max(end // 10, 1), num_workers=args.num_workers or 2,
+            ray_num_envs=SMOKE_RAY_ENVS if settings.smoke else RAY_NUM_ENVS, progress=progress,
         )
     if "subprocess_speedup" in chosen:
         sections["subprocess"] = [

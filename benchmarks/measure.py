@@ -1,4 +1,4 @@
-"""Timed measurements: runner vs bare loop, memory growth, subprocess vs sync.
+"""Timed measurements: runner vs bare loop, subprocess vs sync.
 
 Every throughput number is agent steps per second over a timed window that
 follows a warm-up, the median over several windows. Runner and bare loop
@@ -7,7 +7,6 @@ windows alternate, so slow drifts of the machine hit both alike.
 
 from __future__ import annotations
 
-import gc
 import resource
 import statistics
 import sys
@@ -19,7 +18,7 @@ from typing import Any
 import psutil
 
 from benchmarks.bare_loop import BareLoop
-from benchmarks.workloads import MEMORY_WORKLOAD, Workload, get_workload
+from benchmarks.workloads import Workload
 from marl_runner.config import RunnerConfig
 from marl_runner.sampling.runner import EnvRunner
 
@@ -213,66 +212,6 @@ def compare_workload(
         else bool(ratio >= workload.target_ratio),
         "runner_max_rss_mb": max(w.max_rss_mb for w in runner_windows),
         "peak_rss_mb": peak_rss_mb(),
-    }
-
-
-def memory_growth(
-    settings: Settings,
-    *,
-    start_steps: int = 200_000,
-    end_steps: int = 1_000_000,
-    every_steps: int = 100_000,
-    vectorize: str = "sync",
-    num_workers: int | None = None,
-    progress: Progress = _quiet,
-) -> dict[str, Any]:
-    """RSS after ``start_steps`` and after ``end_steps`` agent steps of the cheap workload.
-
-    RSS is read after ``gc.collect()`` with no batch alive, so what is left is
-    what the runner keeps. The issue's bar: growth below 5%.
-    """
-    workload = get_workload(MEMORY_WORKLOAD)
-    config = settings.config(workload, vectorize, num_workers)
-    runner = EnvRunner(config)
-    series: list[tuple[int, float]] = []
-    start_rss: float | None = None
-    start_at = 0
-    steps = 0
-    next_mark = every_steps
-    clock = perf_counter()
-    try:
-        while steps < end_steps:
-            batch = runner.sample()
-            steps += batch.agent_steps()
-            del batch
-            runner.get_metrics()  # as a training loop would; the runner keeps episode records until then
-            if start_rss is None and steps >= start_steps:
-                gc.collect()
-                start_rss, start_at = rss_mb(), steps
-                progress(f"memory: {steps} agent steps, RSS {start_rss:.1f} MB")
-            if steps >= next_mark:
-                gc.collect()
-                series.append((steps, rss_mb()))
-                while next_mark <= steps:
-                    next_mark += every_steps
-        gc.collect()
-        end_rss = rss_mb()
-        progress(f"memory: {steps} agent steps, RSS {end_rss:.1f} MB")
-    finally:
-        runner.stop()
-    assert start_rss is not None
-    growth = (end_rss - start_rss) / start_rss * 100.0
-    return {
-        "workload": workload.name,
-        "start_agent_steps": start_at,
-        "end_agent_steps": steps,
-        "start_rss_mb": start_rss,
-        "end_rss_mb": end_rss,
-        "growth_pct": growth,
-        "limit_pct": 5.0,
-        "ok": bool(growth < 5.0),
-        "series": [{"agent_steps": s, "rss_mb": r} for s, r in series],
-        "elapsed_s": perf_counter() - clock,
     }
 
 

@@ -81,18 +81,44 @@ def perf_table(rows: list[dict[str, Any]]) -> Table:
     return table
 
 
+def _ok(ok: bool) -> str:
+    return "[green]yes[/]" if ok else "[red]no[/]"
+
+
 def memory_table(result: dict[str, Any]) -> Table:
-    table = Table(title=f"RSS growth on workload {result['workload']!r}")
-    for name in ("from (agent steps)", "RSS MB", "to (agent steps)", "RSS MB ", "growth", "< 5%"):
-        table.add_column(name, justify="right")
-    table.add_row(
-        f"{result['start_agent_steps']:,}",
-        f"{result['start_rss_mb']:.1f}",
-        f"{result['end_agent_steps']:,}",
-        f"{result['end_rss_mb']:.1f}",
-        f"{result['growth_pct']:+.2f}%",
-        "[green]yes[/]" if result["ok"] else "[red]no[/]",
+    """One row per process of each backend (main, env workers, actors), then their sum."""
+    limit = result["limit_pct"]
+    table = Table(
+        title=f"RSS growth on workload {result['workload']!r}, per backend and process "
+        f"(limit {limit:g}% per process)"
     )
+    for name in ("backend", "process", "pid"):
+        table.add_column(name)
+    for name in ("from (agent steps)", "RSS MB", "to (agent steps)", "RSS MB ", "growth"):
+        table.add_column(name, justify="right")
+    table.add_column(f"< {limit:g}%", justify="center")
+    skipped = [f"{b['backend']} skipped: {b['skipped']}" for b in result["backends"] if "skipped" in b]
+    table.caption = "; ".join(skipped) or None
+    for backend in result["backends"]:
+        name = backend["backend"]
+        if "skipped" in backend:
+            continue
+        steps = (f"{backend['start_agent_steps']:,}", f"{backend['end_agent_steps']:,}")
+        rows = list(backend["processes"])
+        if len(rows) > 1:
+            rows.append({**backend, "role": "all (sum)", "pid": ""})
+        for row in rows:
+            table.add_row(
+                name,
+                row["role"],
+                str(row["pid"]),
+                steps[0],
+                f"{row['start_rss_mb']:.1f}",
+                steps[1],
+                f"{row['end_rss_mb']:.1f}",
+                f"{row['growth_pct']:+.2f}%",
+                _ok(row["ok"]),
+            )
     return table
 
 

@@ -62,6 +62,8 @@ def test_smoke_memory_subprocess_and_profile(capsys: pytest.CaptureFixture[str],
         "cheap",
         "connect_four",
         "--memory",
+        "--memory-backends",
+        "sync",
         "--subprocess-speedup",
         "--profile",
         "--profile-top",
@@ -74,8 +76,9 @@ def test_smoke_memory_subprocess_and_profile(capsys: pytest.CaptureFixture[str],
 
     assert json.loads(out.read_text()) == report
     assert report["workloads"] == []  # modes given: no throughput unless asked for
-    memory = report["memory"]
-    assert memory["workload"] == "cheap"
+    assert report["memory"]["workload"] == "cheap"
+    (memory,) = report["memory"]["backends"]
+    assert memory["backend"] == "sync" and [p["role"] for p in memory["processes"]] == ["main"]
     assert memory["end_agent_steps"] > memory["start_agent_steps"] > 0
     assert memory["start_rss_mb"] > 0 and isinstance(memory["ok"], bool)
     assert [row["name"] for row in report["subprocess"]] == list(SUBPROCESS_WORKLOADS)
