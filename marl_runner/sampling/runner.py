@@ -230,12 +230,15 @@ class EnvRunner:
         start_fragments = self._fragments.fragments_per_env.copy()
         default_target = num_env_steps is None and num_agent_steps is None and num_episodes is None
         while True:
+            built = False
             for item in self.step():
                 if isinstance(item, MultiAgentBatch):
+                    built = True
                     batches.append(item)
                     env_steps += item.env_steps()
                     agent_steps += item.agent_steps()
-            if default_target and (self._fragments.fragments_per_env > start_fragments).all():
+            # (Fragments per sub-env change only when some are built.)
+            if default_target and built and (self._fragments.fragments_per_env > start_fragments).all():
                 break
             if num_env_steps is not None and env_steps >= num_env_steps:
                 break
