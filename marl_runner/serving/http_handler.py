@@ -3,7 +3,9 @@
 Everything that can be refused without decoding is refused here, before the
 body is read: a missing token, a path outside the API, an unknown content
 type, a chunked, missing or oversized body, a body that finds no room in the
-memory budget, and any request after `close()` began. What the call raises
+memory budget, and any request after `close()` began. A request that does not
+arrive within its deadline (`http_deadlines`: however slowly its bytes drip
+in) gets 408 and its connection ends. What the call raises
 becomes a status (`STATUS_OF`) with `{"error", "type"}` in the body, so the
 client can re-raise it; nothing a client sends can stop the server.
 """
@@ -11,13 +13,16 @@ client can re-raise it; nothing a client sends can stop the server.
 from __future__ import annotations
 
 import hmac
+import io
 import logging
+import socket
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Protocol
 
 from marl_runner.envs.external_episodes import ExternalEnvStopped
 from marl_runner.serving import codec
+from marl_runner.serving.http_deadlines import DeadlineReader, DeadlineWriter
 from marl_runner.serving.http_pool import BodyBudget, PooledHTTPServer, release_free_memory
 
 logger = logging.getLogger(__name__)
@@ -81,12 +86,33 @@ class PolicyRequestHandler(BaseHTTPRequestHandler):
     """Serves one connection's requests (HTTP/1.1 keep-alive) for `server.policy_server`."""
 
     protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = True  # small replies: no 40 ms wait for a delayed ACK
     server: PolicyHTTPServer
 
     def setup(self) -> None:
-        self.timeout = self.server.idle_timeout_s  # socket timeout: idle keep-alive ends
-        super().setup()
+        """Reads and writes through deadlines: a per-recv timeout alone lets a drip go on."""
+        server = self.server
+        self.connection = self.request
+        # Small replies: no 40 ms wait for a delayed ACK.
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
+        self._reader = DeadlineReader(self.connection, server.idle_timeout_s,
+                                      server.request_timeout_s, server.min_body_rate)
+        self.rfile = io.BufferedReader(self._reader)
+        self.wfile = DeadlineWriter(self.connection, server.request_timeout_s, server.min_body_rate)
+
+    def handle_one_request(self) -> None:
+        """One request under its deadline; one that missed it is answered 408 and counted once."""
+        self._answered = False
+        # What a 408 needs if the request line never came (`parse_request` sets them otherwise).
+        self.requestline = self.request_version = self.command = ""
+        self._reader.expect_request()
+        super().handle_one_request()  # a timeout in the head ends there, as a TimeoutError
+        if self._reader.timed_out:
+            self._missed_deadline()
+
+    def send_response(self, code: int, message: str | None = None) -> None:
+        """Notes that an answer began, so a request that times out later gets no second one."""
+        self._answered = True
+        super().send_response(code, message)
 
     def do_GET(self) -> None:
         """Reads (`info`, `health`) come as GET, so proxies and `curl` can call them plainly."""
@@ -136,6 +162,7 @@ class PolicyRequestHandler(BaseHTTPRequestHandler):
             reserved = server.body_budget.reserve(length * factor, server.body_wait_s)
             if reserved is None:
                 # Read and drop the body so the client, still sending it, gets to read the 503.
+                self._reader.expect_body(length)
                 if self._discard_body(length):
                     payload = codec.encode({"error": f"the server is decoding "
                                             f"{server.body_budget.in_flight} bytes' worth of other "
@@ -159,6 +186,7 @@ class PolicyRequestHandler(BaseHTTPRequestHandler):
         """Reads the body (if any), runs the call and sends its answer; errors become statuses."""
         body = None
         if length is not None:
+            self._reader.expect_body(length)  # from now: the wait for memory was not the client's
             raw = self._read_body(length)
             if raw is None:
                 return
@@ -185,6 +213,21 @@ class PolicyRequestHandler(BaseHTTPRequestHandler):
             return
         self._send_bytes(HTTPStatus.OK, payload, content_type)
 
+    def _missed_deadline(self) -> None:
+        """Ends a connection whose request came too slowly: counted and logged once, 408 if
+        nothing was answered yet (the client may be sending still: it may not read it)."""
+        self.close_connection = True
+        count = self.server.count_timed_out()
+        logger.info("closing the connection from %s: its request missed its deadline "
+                    "(%d so far)", self.client_address[0], count)
+        if not self._answered:
+            payload = codec.encode({"error": "the request did not arrive in time: send the "
+                                    "request line and headers within "
+                                    f"{self.server.request_timeout_s:g} s, and the body at "
+                                    f"{self.server.min_body_rate:g} bytes/s or more",
+                                    "type": "HTTPError"}, codec.JSON)
+            self._send_bytes(HTTPStatus.REQUEST_TIMEOUT, payload, codec.JSON)
+
     def _refuse_stopping(self, server: PolicyEndpoint, method: str, content_type: str) -> None:
         """503 and `Connection: close` to a request that came after `close()` began.
 
@@ -196,6 +239,7 @@ class PolicyRequestHandler(BaseHTTPRequestHandler):
         length = self._declared_length()
         authorized = server.token is None or self._authorized(server.token)
         if method == "POST" and authorized and length is not None and length <= server.max_body_bytes:
+            self._reader.expect_body(length)
             self._discard_body(length)
         self._send(HTTPStatus.SERVICE_UNAVAILABLE,
                    {"error": STOPPING_MESSAGE, "type": "ExternalEnvStopped"}, content_type)

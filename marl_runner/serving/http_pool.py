@@ -5,8 +5,10 @@ backlog of 5: 2,000 open connections mean 2,000 threads, and 64 clients
 connecting at once see connection resets. Here a fixed number of worker
 threads serve connections that have sent a request; silent connections
 wait in one selector thread, and beyond that in the kernel's listen backlog
-(256), never in new threads. Workers are daemon threads: a worker blocked on
-a client never holds up the interpreter's exit.
+(256), never in new threads. Once a connection has a worker, each request
+and each answer has a deadline (`http_deadlines`), so a slow client holds it
+for seconds, not for as long as it keeps dripping bytes. Workers are daemon
+threads: a worker blocked on a client never holds up the interpreter's exit.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import threading
 import time
 from http.server import HTTPServer
 from typing import Any
+
+from marl_runner.serving.http_deadlines import MIN_BODY_RATE, REQUEST_TIMEOUT_S, check_limits
 
 LISTEN_BACKLOG = 256
 # Connections accepted but silent so far; beyond this they wait in the listen backlog.
@@ -38,6 +42,12 @@ class PooledHTTPServer(HTTPServer):
     queue in the listen backlog. `saturated` is true while a connection with
     a request waits for a worker: handlers then close keep-alive connections
     after their current answer, so busy clients take turns.
+
+    A request's line and headers must arrive within `request_timeout_s` of
+    its first byte, its body within `request_timeout_s` plus its length at
+    `min_body_rate` bytes/s, and each answer within the same allowance for
+    its size; a connection that misses one ends (408 when it can still be
+    told) and counts once in `requests_timed_out`.
     """
 
     request_queue_size = LISTEN_BACKLOG
@@ -49,11 +59,17 @@ class PooledHTTPServer(HTTPServer):
         max_workers: int,
         idle_timeout_s: float = 5.0,
         max_parked: int = MAX_PARKED,
+        request_timeout_s: float = REQUEST_TIMEOUT_S,
+        min_body_rate: float = MIN_BODY_RATE,
     ) -> None:
         if max_workers < 1:
             raise ValueError(f"max_workers {max_workers!r}: expected an int >= 1")
+        check_limits(request_timeout_s, min_body_rate)
         self.max_workers = max_workers
         self.idle_timeout_s = idle_timeout_s
+        self.request_timeout_s = request_timeout_s
+        self.min_body_rate = min_body_rate
+        self.requests_timed_out = 0
         self.saturated = False
         self._free = threading.Semaphore(max_workers)
         self._park_slots = threading.Semaphore(max_parked)
@@ -73,6 +89,12 @@ class PooledHTTPServer(HTTPServer):
     def num_workers(self) -> int:
         """Worker threads started so far (never more than `max_workers`)."""
         return len(self._workers)
+
+    def count_timed_out(self) -> int:
+        """Counts a request that missed its deadline; returns the count so far."""
+        with self._lock:
+            self.requests_timed_out += 1
+            return self.requests_timed_out
 
     def process_request(self, request: socket.socket, client_address: Any) -> None:
         """Parks the new connection until it sends something (waiting for room to park it)."""

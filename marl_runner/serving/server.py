@@ -10,7 +10,8 @@ a 4xx, never the server.
 
 Capacity is bounded (`http_pool`): connections are served by a fixed pool of
 worker threads (more wait in a 256-deep listen backlog), idle keep-alive
-connections close after a few seconds, and request bodies in flight share a
+connections close after a few seconds, a request must arrive within a
+deadline however slowly it drips in (408 otherwise), and request bodies in flight share a
 memory budget (a request that finds none within `BODY_WAIT_S` gets 503 with
 `Retry-After`).
 
@@ -38,6 +39,7 @@ from marl_runner.config import space_to_spec
 from marl_runner.envs.external_episodes import ExternalEnvStopped
 from marl_runner.envs.external_vector_env import ExternalVectorEnv
 from marl_runner.serving.batches import batch_from_value
+from marl_runner.serving.http_deadlines import MIN_BODY_RATE, REQUEST_TIMEOUT_S
 from marl_runner.serving.http_handler import (
     API_PREFIX,
     STOPPING_MESSAGE,
@@ -105,7 +107,11 @@ class PolicyServer:
     waiting caller). `max_bytes_in_flight` bounds the estimated memory of the
     bodies being decoded at once (default: 4 * `max_body_bytes`, at least
     256 MB). A keep-alive connection without a request for `idle_timeout_s`
-    is closed, freeing its worker.
+    is closed, freeing its worker. A request's line and headers must arrive
+    within `request_timeout_s` of its first byte and its body within
+    `request_timeout_s` plus its length at `min_body_rate` bytes/s (answers
+    get the same allowance), else 408 and the connection ends: slow clients
+    cannot hold the workers.
     """
 
     def __init__(
@@ -119,6 +125,8 @@ class PolicyServer:
         max_workers: int | None = None,
         max_bytes_in_flight: int | None = None,
         idle_timeout_s: float = IDLE_CONNECTION_TIMEOUT_S,
+        request_timeout_s: float = REQUEST_TIMEOUT_S,
+        min_body_rate: float = MIN_BODY_RATE,
     ) -> None:
         if not isinstance(runner.env, ExternalVectorEnv):
             raise ServerSetupError(
@@ -144,7 +152,8 @@ class PolicyServer:
         self.body_budget = BodyBudget(max_bytes_in_flight)
         self.body_wait_s = BODY_WAIT_S  # read by the handler before a 503 for lack of memory
         self._httpd = PolicyHTTPServer(
-            (host, port), PolicyRequestHandler, max_workers, idle_timeout_s
+            (host, port), PolicyRequestHandler, max_workers, idle_timeout_s,
+            request_timeout_s=request_timeout_s, min_body_rate=min_body_rate,
         )
         self._httpd.policy_server = self
         self._thread: threading.Thread | None = None
@@ -158,6 +167,11 @@ class PolicyServer:
     def closing(self) -> bool:
         """Whether `close()` has begun: every request from then on is answered 503."""
         return self._closing
+
+    @property
+    def requests_timed_out(self) -> int:
+        """Requests that missed their deadline (answered 408 where possible) so far."""
+        return self._httpd.requests_timed_out
 
     @property
     def address(self) -> str:
