@@ -1,4 +1,5 @@
-"""`marl-runner serve --max-workers N --idle-timeout S` reach the server's worker pool."""
+"""`marl-runner serve --max-workers N --idle-timeout S --request-timeout S --min-body-rate K`
+reach the server's worker pool."""
 
 from __future__ import annotations
 
@@ -21,22 +22,29 @@ def test_max_workers_and_idle_timeout_reach_the_worker_pool(monkeypatch, capsys)
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
-            built.append((self._httpd.max_workers, self._httpd.idle_timeout_s))
+            httpd = self._httpd
+            built.append((httpd.max_workers, httpd.idle_timeout_s, httpd.request_timeout_s,
+                          httpd.min_body_rate))
             self.close()
             raise OSError("recorded; not serving")
 
     monkeypatch.setattr(server_module, "PolicyServer", Recorded)
-    code = main(["serve", str(CONFIG), "--port", "0", "--max-workers", "7", "--idle-timeout", "2.5"])
+    code = main(["serve", str(CONFIG), "--port", "0", "--max-workers", "7", "--idle-timeout", "2.5",
+                 "--request-timeout", "3", "--min-body-rate", "16"])
     assert code == 2 and "recorded; not serving" in capsys.readouterr().err
     assert main(["serve", str(CONFIG), "--port", "0", "--set", "num_envs=40"]) == 2
-    assert built == [(7, 2.5), (96, 5.0)]  # without the flags: the defaults (2 x 40 + 16 workers)
+    # Without the flags: the defaults (2 x 40 + 16 workers, 10 s, 64 KiB/s).
+    assert built == [(7, 2.5, 3.0, 16 * 1024), (96, 5.0, 10.0, 64 * 1024)]
 
 
 @pytest.mark.parametrize(
     "flag, value, expected",
     [("--max-workers", "0", "expected a positive integer, got 0"),
      ("--idle-timeout", "0", "expected a number of seconds > 0, got 0"),
-     ("--idle-timeout", "nan", "expected a number of seconds > 0, got nan")],
+     ("--idle-timeout", "nan", "expected a number of seconds > 0, got nan"),
+     ("--request-timeout", "-1", "expected a number of seconds > 0, got -1"),
+     ("--min-body-rate", "0", "expected a number of KiB/s > 0, got 0"),
+     ("--min-body-rate", "fast", "expected a number of KiB/s > 0, got 'fast'")],
 )
 def test_bad_capacity_values_are_refused_naming_the_value(capsys, flag, value, expected):
     with pytest.raises(SystemExit) as exited:

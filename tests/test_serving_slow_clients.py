@@ -13,9 +13,13 @@ import select
 import socket
 import threading
 import time
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
+import pytest
+
 from marl_runner.serving import codec
+from marl_runner.serving.http_pool import PooledHTTPServer
 from tests.test_serving_http import served, wait_for
 
 # Small limits keep each test to a few seconds: the drip interval is well under the idle
@@ -144,3 +148,13 @@ def test_keep_alive_requests_each_get_their_own_deadline():
         finally:
             connection.close()
         assert handle.server.requests_timed_out == 0
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [("request_timeout_s", 0), ("request_timeout_s", float("inf")), ("min_body_rate", -5),
+     ("min_body_rate", "64k")],
+)
+def test_bad_deadline_settings_are_refused_naming_the_value(setting, value):
+    with pytest.raises(ValueError, match=f"{setting} {value!r}: expected a finite number > 0"):
+        PooledHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler, 1, **{setting: value})

@@ -128,6 +128,23 @@ def add_serve_parser(commands: Any, common: argparse.ArgumentParser) -> None:
         "never hold the workers; PolicyClient reconnects by itself",
     )
     serve.add_argument(
+        "--request-timeout",
+        type=_positive_seconds,
+        default=None,
+        metavar="SECONDS",
+        help="a request's line and headers must arrive within this long of its first byte, "
+        "and its body within this long plus its size at --min-body-rate (default 10); "
+        "otherwise 408 and the connection closes, so slow clients never hold the workers",
+    )
+    serve.add_argument(
+        "--min-body-rate",
+        type=_positive_kib,
+        default=None,
+        metavar="KIB_PER_S",
+        help="slowest rate, in KiB/s, at which a body must arrive and an answer be read "
+        "(default 64), on top of --request-timeout",
+    )
+    serve.add_argument(
         "--progress-interval",
         type=float,
         default=10.0,
@@ -293,9 +310,25 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
+def _positive_kib(text: str) -> float:
+    """An argparse type: a finite number of KiB/s > 0, returned in bytes/s."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of KiB/s > 0, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number of KiB/s > 0, got {text}")
+    return value * 1024
+
+
 def _capacity(args: argparse.Namespace) -> dict[str, Any]:
     """The `PolicyServer` capacity arguments given on the command line (others: its defaults)."""
-    given = {"max_workers": args.max_workers, "idle_timeout_s": args.idle_timeout}
+    given = {
+        "max_workers": args.max_workers,
+        "idle_timeout_s": args.idle_timeout,
+        "request_timeout_s": args.request_timeout,
+        "min_body_rate": args.min_body_rate,
+    }
     return {name: value for name, value in given.items() if value is not None}
 
 
