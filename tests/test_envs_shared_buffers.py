@@ -179,3 +179,35 @@ def test_uniform_slots_round_trip_any_agent_order_and_refuse_misfits():
     finally:
         reader.close()
         writer.close(unlink=True)
+
+
+def test_each_field_keeps_its_own_keys_and_known_misfit_key_sets_stay_refused():
+    """Rewards, flags and infos may name other agents (or another order) than the obs;
+    a key set naming an agent without a slot is refused every time, not only when new."""
+    env = CheapEnv(num_agents=3, obs_dim=2)
+    spec = layout_spec(env, num_envs=2)
+    writer = SlotBlock.create(spec, None)
+    reader = SlotBlock.attach(spec, writer.name)
+    try:
+        rows = np.arange(6, dtype=np.float32).reshape(3, 2)
+        result = [
+            {"agent_0": rows[0], "agent_2": rows[2]},
+            {"agent_2": 0.5, "agent_0": -1.0, "agent_1": 0.0},
+            {"agent_0": False, "agent_2": True, "agent_1": True, "__all__": False},
+            {"__all__": False},
+            {"agent_2": {}},
+        ]
+        for env_index in (0, 1, 0):
+            new = []
+            assert writer.write_result(env_index, result, new)
+            for number, keys in new:
+                reader.in_sets.learn(number, keys)
+            assert_same(result, reader.result(reader.read_results(), env_index))
+        ghost = {"ghost": False, "__all__": False}
+        for _ in range(2):
+            assert not writer.write_result(0, [*result[:2], ghost, *result[3:]], [])
+            assert not writer.write_result(0, [*result[:3], ghost, result[4]], [])
+            assert not writer.write_result(0, [result[0], {"ghost": 1.0}, *result[2:]], [])
+    finally:
+        reader.close()
+        writer.close(unlink=True)

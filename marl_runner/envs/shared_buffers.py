@@ -168,16 +168,19 @@ class _Values:
                 except OverflowError:
                     return False
                 return True
-            shape, dtype = leaf.shape, leaf.dtype
-            for slot, value in zip(slots, values):
-                if leaf.scalar:
+            if leaf.scalar:
+                for slot, value in zip(slots, values):
                     if not leaf.fits(value):
                         return False
-                elif type(value) is not np.ndarray or value.shape != shape or (
+                    rows[slot] = value
+                return True
+            shape, dtype = leaf.shape, leaf.dtype
+            for value in values:
+                if type(value) is not np.ndarray or value.shape != shape or (
                     value.dtype is not dtype and value.dtype != dtype
                 ):
                     return False
-                rows[slot] = value
+            rows[index] = values  # all fit: one numpy call for all agents
             return True
         for slot, value in zip(slots, values):
             codec = codecs[slot]
@@ -473,27 +476,37 @@ class SlotBlock:
 
     def result(self, copies: tuple, env: int) -> list:
         """Sub-env `env`'s step result `[obs, rewards, terminateds, truncateds, infos]`."""
+        return self.results(copies, (env,))[0]
+
+    def results(self, copies: tuple, envs: Sequence[int]) -> list[list]:
+        """The step results of sub-envs `envs`, in one pass (the parent's hot path)."""
         obs_copy, rewards, terminateds, truncateds, codes = copies
-        code = codes[env]
         sets = self.in_sets
         keys, slots, prefix = sets.keys, sets.slots, sets.prefix
-        number, order = code[_OBS], code[_OBS_ORDER]
-        order = keys[order] if order >= 0 else None
-        obs = self.layout.obs.read(
-            obs_copy, env, slots[number], keys[number], order, prefix[number]
-        )
-        number = code[_REW]
-        row = rewards[env]
-        values = row if prefix[number] else [row[s] for s in slots[number]]
-        if code[_REW_KIND] == _INT_REWARDS:
-            values = [int(v) for v in values]
-        env_rewards = dict(zip(keys[number], values))
-        flags = []
-        for number, row in ((code[_TERM], terminateds[env]), (code[_TRUNC], truncateds[env])):
-            values = row if prefix[number] else [row[s] for s in slots[number]]
-            flags.append(dict(zip(keys[number], values)))
-        infos = {key: {} for key in keys[code[_INFOS]]}
-        return [obs, env_rewards, flags[0], flags[1], infos]
+        values_of = self.layout.obs
+        read = values_of.read
+        uniform = values_of.uniform
+        out = []
+        for env in envs:
+            obs_n, rew_n, term_n, trunc_n, infos_n, rew_kind, order_n = codes[env]
+            if uniform and prefix[obs_n]:
+                obs = dict(zip(keys[obs_n], obs_copy[env]))  # zip stops at the last key
+            else:
+                order = keys[order_n] if order_n >= 0 else None
+                obs = read(obs_copy, env, slots[obs_n], keys[obs_n], order, prefix[obs_n])
+            row = rewards[env]
+            values = row if prefix[rew_n] else [row[s] for s in slots[rew_n]]
+            if rew_kind == _INT_REWARDS:
+                values = [int(v) for v in values]
+            row = terminateds[env]
+            term = dict(zip(keys[term_n], row if prefix[term_n] else [row[s] for s in slots[term_n]]))
+            row = truncateds[env]
+            trunc = dict(
+                zip(keys[trunc_n], row if prefix[trunc_n] else [row[s] for s in slots[trunc_n]])
+            )
+            infos = {key: {} for key in keys[infos_n]}
+            out.append([obs, dict(zip(keys[rew_n], values)), term, trunc, infos])
+        return out
 
     # ---- worker: actions in, results out
 
@@ -513,16 +526,23 @@ class SlotBlock:
         ]
 
     def write_result(self, env: int, result: Sequence[Any], new: list[tuple[int, tuple]]) -> bool:
-        """Put a step result in the block; False (write it pickled) if part does not fit."""
+        """Put a step result in the block; False (write it pickled) if part does not fit.
+
+        The hot path of every step: key sets are looked up without a call where
+        known, and a rewards dict with the obs' keys reuses their key set."""
         obs, rewards, terminateds, truncateds, infos = result
         layout = self.layout
         sets = self.out_sets
+        known = sets.ids
         agent_slots, index = sets.agent_slots, sets.index
-        number = sets.id_of(tuple(obs), new)
+        keys = tuple(obs)
+        number = known.get(keys)
+        if number is None:
+            number = sets.id_of(keys, new)
         slots = agent_slots[number] if number >= 0 else None
         if slots is None:
             return False
-        code = [number, 0, 0, 0, 0, 0, -1]
+        code = [number, number, 0, 0, 0, 0, -1]
         values = list(obs.values())
         order = None
         if values and type(values[0]) is dict:
@@ -532,14 +552,13 @@ class SlotBlock:
                 return False
         if not layout.obs.write(env, slots, index[number], values, order):
             return False
-        number = code[_REW] = sets.id_of(tuple(rewards), new)
-        if number < 0 or agent_slots[number] is None:
-            return False
+        reward_keys = tuple(rewards)
+        if reward_keys != keys:
+            number = code[_REW] = sets.id_of(reward_keys, new)
+            if number < 0 or agent_slots[number] is None:
+                return False
         values = list(rewards.values())
-        kinds = set(map(type, values))
-        if kinds <= _PLAIN_FLOAT:
-            code[_REW_KIND] = _FLOAT_REWARDS
-        else:
+        if not set(map(type, values)) <= _PLAIN_FLOAT:
             kind = _reward_kind(values)
             if kind is None:
                 return False
@@ -549,18 +568,24 @@ class SlotBlock:
             (_TERM, terminateds, layout.terminateds),
             (_TRUNC, truncateds, layout.truncateds),
         ):
-            number = code[at] = sets.id_of(tuple(flags), new)
+            flag_keys = tuple(flags)
+            number = known.get(flag_keys)
+            if number is None:
+                number = sets.id_of(flag_keys, new)
             if number < 0 or sets.slots[number] is None:
                 return False
+            code[at] = number
             values = list(flags.values())
             if not set(map(type, values)) <= _BOOLS:
                 return False
             array[env][index[number]] = values
-        if not set(map(type, infos.values())) <= _DICT or any(infos.values()):
+        if any(infos.values()) or not set(map(type, infos.values())) <= _DICT:
             return False
-        number = code[_INFOS] = sets.id_of(tuple(infos), new)
+        info_keys = tuple(infos)
+        number = code[_OBS] if info_keys == keys else sets.id_of(info_keys, new)
         if number < 0:
             return False
+        code[_INFOS] = number
         if code != self._codes[env]:  # usually the same key sets as last step: no write
             layout.codes[env] = code
             self._codes[env] = code

@@ -87,10 +87,11 @@ class Replies:
         for number, keys in new_sets:
             slots.in_sets.learn(number, keys)
         copies = None
-        if results is None or None in results:
+        if results is None:  # every result in the block: read in one pass
             copies = slots.read_results()
-            if results is None:
-                results = [None] * len(in_flight.request)
+            results = slots.results(copies, [worker.local[env_id] for env_id, _ in in_flight.request])
+        elif None in results:
+            copies = slots.read_results()
         stats.worker_env_s += env_s
         stats.worker_busy_s += busy_s
         stats.env_steps += len(results)
