@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
 import select
 import socket
 import threading
@@ -19,6 +20,7 @@ from typing import Any
 import pytest
 
 from marl_runner.serving import codec
+from marl_runner.serving.http_deadlines import DeadlineWriter
 from marl_runner.serving.http_pool import PooledHTTPServer
 from tests.test_serving_http import served, wait_for
 
@@ -90,7 +92,8 @@ def run_slow_clients(handle: Any, head: bytes, drip: bytes) -> tuple[float, list
     return took, drippers
 
 
-def test_header_drippers_on_every_worker_cannot_starve_a_normal_client():
+def test_header_drippers_on_every_worker_cannot_starve_a_normal_client(caplog):
+    caplog.set_level(logging.INFO, logger="marl_runner.serving.http_handler")
     head = b"GET /v1/health HTTP/1.1\r\nHost: x\r\nX-Slow: "
     with served(**LIMITS) as handle:
         took, drippers = run_slow_clients(handle, head, b"a" * 1000)
@@ -100,6 +103,8 @@ def test_header_drippers_on_every_worker_cannot_starve_a_normal_client():
             assert dripper.answer.startswith(b"HTTP/1.1 408 "), dripper.answer[:200]
             assert b"Connection: close" in dripper.answer
         assert handle.server.requests_timed_out == len(drippers)  # once per request
+        missed = [r for r in caplog.records if "missed its deadline" in r.getMessage()]
+        assert len(missed) == len(drippers)  # logged once each, not per byte
         assert handle.request("GET", "/v1/health")[0] == 200
 
 
@@ -117,9 +122,23 @@ def test_body_drippers_on_every_worker_cannot_starve_a_normal_client_or_hold_mem
         assert handle.server.requests_timed_out == len(drippers)
 
 
+def test_a_trickled_body_is_cut_off_after_the_floor_however_big_it_claims_to_be():
+    # 10 MB declared: a deadline for the whole body would be 1 s + 160 s at 64 KiB/s, and the
+    # reservation in the memory budget (60 MB each) would be held all that time.
+    head = (b"POST /v1/start_episode HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 10000000\r\n\r\n")
+    with served(**LIMITS) as handle:
+        took, drippers = run_slow_clients(handle, head, b" " * 1000)
+        assert took < 6.0, f"a normal request waited {took:.1f} s behind slow uploads"
+        for dripper in drippers:
+            assert dripper.closed_after_s is not None and dripper.closed_after_s < 6.0
+            assert dripper.answer.startswith(b"HTTP/1.1 408 "), dripper.answer[:200]
+        assert handle.server.body_budget.in_flight == 0
+
+
 def test_a_big_body_slower_than_the_floor_but_above_the_minimum_rate_is_accepted():
-    # 2 MiB sent over about 1 s in 64 KiB pieces: past the 1 s floor alone, but at over
-    # 256 KiB/s the body's deadline is 1 s + 8 s.
+    # 2 MiB sent over about 1 s in 64 KiB pieces: past the 1 s head start, but always ahead
+    # of 256 KiB/s after it.
     body = json.dumps({"pad": "x" * (2 << 20)}).encode()
     with served(**LIMITS, min_body_rate=256 * 1024) as handle:
         sock = socket.create_connection(handle.server.server_address_tuple(), timeout=10)
@@ -158,3 +177,15 @@ def test_keep_alive_requests_each_get_their_own_deadline():
 def test_bad_deadline_settings_are_refused_naming_the_value(setting, value):
     with pytest.raises(ValueError, match=f"{setting} {value!r}: expected a finite number > 0"):
         PooledHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler, 1, **{setting: value})
+
+
+def test_an_answer_the_client_does_not_read_times_out_after_the_floor_however_big():
+    server_side, client_side = socket.socketpair()
+    with server_side, client_side:
+        server_side.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 16)
+        writer = DeadlineWriter(server_side, request_timeout_s=0.3, min_body_rate=1 << 20)
+        began = time.monotonic()
+        # 50 MB at 1 MiB/s would be allowed ~48 s as a whole; the client reads nothing.
+        with pytest.raises(TimeoutError):
+            writer.write(bytes(50_000_000))
+        assert time.monotonic() - began < 3.0

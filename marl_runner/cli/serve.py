@@ -132,8 +132,8 @@ def add_serve_parser(commands: Any, common: argparse.ArgumentParser) -> None:
         type=_positive_seconds,
         default=None,
         metavar="SECONDS",
-        help="a request's line and headers must arrive within this long of its first byte, "
-        "and its body within this long plus its size at --min-body-rate (default 10); "
+        help="a request's line and headers must arrive within this long of its first byte "
+        "(default 10); a body or an answer gets this long as a head start on --min-body-rate; "
         "otherwise 408 and the connection closes, so slow clients never hold the workers",
     )
     serve.add_argument(
@@ -141,8 +141,8 @@ def add_serve_parser(commands: Any, common: argparse.ArgumentParser) -> None:
         type=_positive_kib,
         default=None,
         metavar="KIB_PER_S",
-        help="slowest rate, in KiB/s, at which a body must arrive and an answer be read "
-        "(default 64), on top of --request-timeout",
+        help="slowest rate, in KiB/s, at which a body must arrive and an answer be read, "
+        "after the --request-timeout head start (default 64)",
     )
     serve.add_argument(
         "--progress-interval",

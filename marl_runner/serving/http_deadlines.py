@@ -3,10 +3,12 @@
 A socket timeout bounds one `recv`: a client sending one byte every few
 seconds resets it forever and holds a server worker (slowloris). Here the
 connection's reader gives each request a deadline that starts with its first
-byte: the request line and headers must arrive within `request_timeout_s`,
-the body within another `request_timeout_s` plus its length at
-`min_body_rate`. The writer gives each write the same allowance for its size,
-so a client that stops reading its answers frees the worker as well.
+byte: the request line and headers must arrive within `request_timeout_s`.
+A body, and every answer, must then keep a minimum rate: its next byte is
+due `request_timeout_s` plus the bytes moved so far at `min_body_rate` after
+it began. A client at full speed never notices; one that trickles (or stops
+reading its answer) is cut off after about `request_timeout_s`, however big
+the body it declared, so it holds neither a worker nor a body's memory.
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ import math
 import socket
 import time
 
-# Request line and headers, from their first byte; also the floor of a body's deadline.
+# Request line and headers, from their first byte; also the head start of a body or answer.
 REQUEST_TIMEOUT_S = 10.0
-# A body (or an answer) must move at least this fast, on top of the floor: 64 KiB/s.
+# A body (or an answer) must move at least this fast after that head start: 64 KiB/s.
 MIN_BODY_RATE = 64 * 1024
 
 
@@ -35,19 +37,28 @@ def check_limits(request_timeout_s: float, min_body_rate: float) -> None:
             raise ValueError(f"{name} {value!r}: expected a finite number > 0")
 
 
-def allowance_s(nbytes: int, request_timeout_s: float, min_body_rate: float) -> float:
-    """Seconds allowed to move `nbytes`: the floor plus their time at the minimum rate."""
-    return request_timeout_s + nbytes / min_body_rate
+class _Pace:
+    """When the next byte is due: `head_start_s` after `began`, plus `moved` bytes at `rate`."""
+
+    __slots__ = ("began", "head_start_s", "rate", "moved")
+
+    def __init__(self, head_start_s: float, rate: float) -> None:
+        self.began = time.monotonic()
+        self.head_start_s, self.rate, self.moved = head_start_s, rate, 0
+
+    def left_s(self) -> float:
+        """Seconds until the next byte is due (<= 0: too late)."""
+        return self.began + self.head_start_s + self.moved / self.rate - time.monotonic()
 
 
 class DeadlineReader(io.RawIOBase):
-    """A socket's reading side where each request has a total deadline.
+    """A socket's reading side where each request has a deadline, not just each `recv`.
 
     Between requests only the idle timeout applies (per `recv`, as before).
     `expect_request()` arms the next request: its first byte received starts
-    the deadline for the head; `expect_body(length)` sets the body's. A `recv`
-    past the deadline, or one that stalls for the idle timeout within a
-    request, raises `RequestTimedOut` and sets `timed_out`.
+    the head's fixed deadline; `expect_body()` sets the body's pace. A `recv`
+    past due, or one that stalls for the idle timeout within a request,
+    raises `RequestTimedOut` and sets `timed_out`.
     """
 
     def __init__(self, sock: socket.socket, idle_timeout_s: float, request_timeout_s: float,
@@ -57,7 +68,7 @@ class DeadlineReader(io.RawIOBase):
         self.idle_timeout_s = idle_timeout_s
         self.request_timeout_s = request_timeout_s
         self.min_body_rate = min_body_rate
-        self._deadline: float | None = None
+        self._pace: _Pace | None = None
         self._armed = False
         self.timed_out = False
 
@@ -66,18 +77,18 @@ class DeadlineReader(io.RawIOBase):
 
     def expect_request(self) -> None:
         """The next byte received begins a request: it starts the head's deadline."""
-        self._deadline, self._armed, self.timed_out = None, True, False
+        self._pace, self._armed, self.timed_out = None, True, False
 
-    def expect_body(self, length: int) -> None:
-        """The body's `length` bytes must arrive within their allowance, from now."""
+    def expect_body(self) -> None:
+        """From now, the body must arrive at `min_body_rate` after a `request_timeout_s` start."""
         self._armed = False
-        allowed = allowance_s(length, self.request_timeout_s, self.min_body_rate)
-        self._deadline = time.monotonic() + allowed
+        self._pace = _Pace(self.request_timeout_s, self.min_body_rate)
 
     def readinto(self, buffer: memoryview | bytearray) -> int:
+        pace = self._pace
         timeout = self.idle_timeout_s
-        if self._deadline is not None:
-            left = self._deadline - time.monotonic()
+        if pace is not None:
+            left = pace.left_s()
             if left <= 0:
                 self._time_out()
             timeout = min(timeout, left)
@@ -85,28 +96,30 @@ class DeadlineReader(io.RawIOBase):
         try:
             count = self._sock.recv_into(buffer)
         except TimeoutError:
-            if self._deadline is not None:
+            if pace is not None:
                 self._time_out()
             raise  # idle between requests: the connection just ends
-        if count and self._armed:
-            self._armed = False
-            self._deadline = time.monotonic() + self.request_timeout_s
+        if pace is not None:
+            pace.moved += count
+        elif count and self._armed:
+            self._armed = False  # the head's deadline is fixed: no rate extends it
+            self._pace = _Pace(self.request_timeout_s, math.inf)
         return count
 
     def _time_out(self) -> None:
         self.timed_out = True
-        self._deadline = None
-        raise RequestTimedOut(f"the request did not arrive within its deadline "
-                              f"({self.request_timeout_s:g} s for the head, plus the body at "
-                              f"{self.min_body_rate:g} bytes/s)")
+        self._pace = None
+        raise RequestTimedOut(f"the request did not arrive in time ({self.request_timeout_s:g} s "
+                              f"for the head; the body at {self.min_body_rate:g} bytes/s after "
+                              f"that long)")
 
 
 class DeadlineWriter(io.BufferedIOBase):
-    """A socket's writing side (unbuffered) where each write has a deadline for its size.
+    """A socket's writing side (unbuffered) where each write keeps the minimum rate.
 
-    `sendall` treats the socket timeout as a total since Python 3.5, so a
-    write to a client that does not read raises `TimeoutError` at the end of
-    its allowance instead of holding the worker.
+    A write to a client that stops reading raises `RequestTimedOut` (a
+    `TimeoutError`) once it falls behind: about `request_timeout_s` after the
+    kernel's buffers fill, however big the answer.
     """
 
     def __init__(self, sock: socket.socket, request_timeout_s: float, min_body_rate: float) -> None:
@@ -119,11 +132,17 @@ class DeadlineWriter(io.BufferedIOBase):
         return True
 
     def write(self, data: bytes | bytearray | memoryview) -> int:
-        with memoryview(data) as view:
-            allowed = allowance_s(view.nbytes, self.request_timeout_s, self.min_body_rate)
-            self._sock.settimeout(allowed)
-            self._sock.sendall(view)
-            return view.nbytes
+        pace = _Pace(self.request_timeout_s, self.min_body_rate)
+        with memoryview(data) as whole, whole.cast("B") as view:
+            while pace.moved < len(view):
+                left = pace.left_s()
+                if left <= 0:
+                    raise RequestTimedOut(f"the client read {pace.moved} of {len(view)} bytes "
+                                          f"of the answer, slower than {self.min_body_rate:g} "
+                                          "bytes/s")
+                self._sock.settimeout(left)
+                pace.moved += self._sock.send(view[pace.moved:])
+            return len(view)
 
     def fileno(self) -> int:
         return self._sock.fileno()

@@ -162,7 +162,7 @@ class PolicyRequestHandler(BaseHTTPRequestHandler):
             reserved = server.body_budget.reserve(length * factor, server.body_wait_s)
             if reserved is None:
                 # Read and drop the body so the client, still sending it, gets to read the 503.
-                self._reader.expect_body(length)
+                self._reader.expect_body()
                 if self._discard_body(length):
                     payload = codec.encode({"error": f"the server is decoding "
                                             f"{server.body_budget.in_flight} bytes' worth of other "
@@ -186,7 +186,7 @@ class PolicyRequestHandler(BaseHTTPRequestHandler):
         """Reads the body (if any), runs the call and sends its answer; errors become statuses."""
         body = None
         if length is not None:
-            self._reader.expect_body(length)  # from now: the wait for memory was not the client's
+            self._reader.expect_body()  # from now: the wait for memory was not the client's
             raw = self._read_body(length)
             if raw is None:
                 return
@@ -239,7 +239,7 @@ class PolicyRequestHandler(BaseHTTPRequestHandler):
         length = self._declared_length()
         authorized = server.token is None or self._authorized(server.token)
         if method == "POST" and authorized and length is not None and length <= server.max_body_bytes:
-            self._reader.expect_body(length)
+            self._reader.expect_body()
             self._discard_body(length)
         self._send(HTTPStatus.SERVICE_UNAVAILABLE,
                    {"error": STOPPING_MESSAGE, "type": "ExternalEnvStopped"}, content_type)

@@ -44,10 +44,10 @@ class PooledHTTPServer(HTTPServer):
     after their current answer, so busy clients take turns.
 
     A request's line and headers must arrive within `request_timeout_s` of
-    its first byte, its body within `request_timeout_s` plus its length at
-    `min_body_rate` bytes/s, and each answer within the same allowance for
-    its size; a connection that misses one ends (408 when it can still be
-    told) and counts once in `requests_timed_out`.
+    its first byte; its body, and each answer, must keep `min_body_rate`
+    bytes/s after a `request_timeout_s` head start. A connection that falls
+    behind ends (408 when it can still be told) and counts once in
+    `requests_timed_out`.
     """
 
     request_queue_size = LISTEN_BACKLOG

@@ -108,10 +108,10 @@ class PolicyServer:
     bodies being decoded at once (default: 4 * `max_body_bytes`, at least
     256 MB). A keep-alive connection without a request for `idle_timeout_s`
     is closed, freeing its worker. A request's line and headers must arrive
-    within `request_timeout_s` of its first byte and its body within
-    `request_timeout_s` plus its length at `min_body_rate` bytes/s (answers
-    get the same allowance), else 408 and the connection ends: slow clients
-    cannot hold the workers.
+    within `request_timeout_s` of its first byte, and its body (and each
+    answer) must keep `min_body_rate` bytes/s after a `request_timeout_s`
+    head start, else 408 and the connection ends: slow clients cannot hold
+    the workers.
     """
 
     def __init__(
