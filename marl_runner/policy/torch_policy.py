@@ -10,11 +10,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from marl_runner.policy.action_heads import make_action_head
+from marl_runner.policy.action_heads import CategoricalHead, make_action_head
 from marl_runner.policy.action_spaces import action_feature_size, check_action_mask, encode_actions
 from marl_runner.policy.base import EpisodeView, Policy, PolicyOutput
 from marl_runner.policy.gae import compute_gae, parse_gae_config
 from marl_runner.policy.models import build_model, is_recurrent_model
+from marl_runner.policy.numpy_sampling import NumpyCategoricalSampler
 from marl_runner.policy.sequences import sequence_starts, unroll
 from marl_runner.policy.torch_utils import packed_to_numpy, resolve_device, seeded_cpu_rng
 
@@ -46,7 +47,8 @@ class TorchPolicy(Policy):
     ``{class: "pkg.mod:Cls", **kwargs}``; see ``models``), ``device``
     (``cpu | cuda | auto``), ``seed`` (seeds weight init and a private
     generator used only for sampling, so equal seeds give equal actions
-    whatever else uses torch's global RNG), ``explore`` (default True),
+    whatever else uses torch's global RNG; a numpy generator for Discrete
+    actions on CPU, a torch one otherwise), ``explore`` (default True),
     ``gae`` (``{gamma, lambda}``: adds advantages/value targets in
     :meth:`postprocess_trajectory`) and ``view_requirements`` (declaring
     ``prev_actions`` / ``prev_rewards`` feeds those columns to the model,
@@ -123,11 +125,22 @@ class TorchPolicy(Policy):
             if self._recurrent
             else []
         )
-        self._generator = torch.Generator(device=self.device)
-        if seed is None:
-            self._generator.seed()
+        # Discrete actions on CPU: the post-model work runs in numpy, drawing from the
+        # sampler's own generator (see numpy_sampling); every other head samples in torch.
+        self._numpy_sampler: NumpyCategoricalSampler | None = None
+        self._generator: torch.Generator | None = None
+        if self._on_cpu and isinstance(self.action_head, CategoricalHead):
+            self._numpy_sampler = NumpyCategoricalSampler(
+                self.action_head.num_model_outputs,
+                self.action_head.start,
+                None if seed is None else int(seed),
+            )
         else:
-            self._generator.manual_seed(int(seed))
+            self._generator = torch.Generator(device=self.device)
+            if seed is None:
+                self._generator.seed()
+            else:
+                self._generator.manual_seed(int(seed))
 
     def _check_image_model(self, observation_space: gym.spaces.Box) -> bool:
         """Whether the model takes images unflattened (``cnn``); raises where it cannot."""
@@ -169,8 +182,10 @@ class TorchPolicy(Policy):
         """One forward pass over all rows; ``timestep`` is not used.
 
         Written for the per-call cost (the runner calls it once per policy per
-        round): no device moves or dtype casts that would be no-ops, and one
-        fused call into the action head.
+        round): no device moves or dtype casts that would be no-ops, and either
+        the numpy sampler on the logits' numpy view (Discrete on CPU: small
+        numpy ops cost a fraction of torch's there) or one fused call into the
+        action head.
         """
         explore = self.config["explore"] if explore is None else explore
         model_input = self._model_input(input_dict)
@@ -182,15 +197,21 @@ class TorchPolicy(Policy):
         states = self._state_inputs(input_dict) if self._recurrent else []
         with torch.inference_mode():
             model_out, values, state_outs = self._forward(model_input, states)
-            mask_t = None if mask is None else self._to_device(torch.from_numpy(mask))
-            actions, logp, dist_inputs = self.action_head.act(
-                model_out, mask_t, bool(explore), self._generator
-            )
-            outputs = [actions, logp, dist_inputs, values, *state_outs]
-            if self._on_cpu:
-                actions, logp, dist_inputs, values, *state_outs = [t.numpy() for t in outputs]
+            if self._numpy_sampler is not None:  # on CPU: .numpy() shares the memory
+                actions, logp, dist_inputs = self._numpy_sampler.act(
+                    model_out.numpy(), mask, bool(explore)
+                )
+                values, *state_outs = [t.numpy() for t in (values, *state_outs)]
             else:
-                actions, logp, dist_inputs, values, *state_outs = packed_to_numpy(outputs)
+                mask_t = None if mask is None else self._to_device(torch.from_numpy(mask))
+                actions, logp, dist_inputs = self.action_head.act(
+                    model_out, mask_t, bool(explore), self._generator
+                )
+                outputs = [actions, logp, dist_inputs, values, *state_outs]
+                if self._on_cpu:
+                    actions, logp, dist_inputs, values, *state_outs = [t.numpy() for t in outputs]
+                else:
+                    actions, logp, dist_inputs, values, *state_outs = packed_to_numpy(outputs)
         extra = {"action_logp": logp, "action_dist_inputs": dist_inputs, "vf_preds": values}
         if actions.dtype != self._action_dtype:
             actions = actions.astype(self._action_dtype)
@@ -308,13 +329,29 @@ class TorchPolicy(Policy):
         )
 
     def get_state(self) -> dict[str, Any]:
-        """Weights plus the sampling generator, so a restored policy draws the same actions."""
-        return {**super().get_state(), "sampler_rng_state": self._generator.get_state().numpy()}
+        """Weights plus the sampling generator, so a restored policy draws the same actions.
+
+        ``sampler_rng_state`` is the numpy sampler's ``uint64[6]`` state (Discrete on
+        CPU) or the torch generator's ``uint8`` state (every other policy).
+        """
+        if self._numpy_sampler is not None:
+            rng_state = self._numpy_sampler.get_state()
+        else:
+            rng_state = self._generator.get_state().numpy()
+        return {**super().get_state(), "sampler_rng_state": rng_state}
 
     def set_state(self, state: Mapping[str, Any]) -> None:
-        """Weights, and the sampling generator when the state has it."""
+        """Weights, and the sampling generator when the state has it.
+
+        A Discrete CPU policy also takes a torch generator state, as policies
+        saved before it sampled in numpy stored: that seeds its generator.
+        """
         super().set_state(state)
-        if "sampler_rng_state" in state:
+        if "sampler_rng_state" not in state:
+            return
+        if self._numpy_sampler is not None:
+            self._numpy_sampler.set_state(state["sampler_rng_state"])
+        else:
             self._generator.set_state(torch.from_numpy(np.asarray(state["sampler_rng_state"])))
 
     def _model_input(self, input_dict: Mapping[str, Any]) -> np.ndarray:
