@@ -9,6 +9,8 @@ due `request_timeout_s` plus the bytes moved so far at `min_body_rate` after
 it began. A client at full speed never notices; one that trickles (or stops
 reading its answer) is cut off after about `request_timeout_s`, however big
 the body it declared, so it holds neither a worker nor a body's memory.
+A head is also capped at `MAX_HEAD_BYTES`: `http.server` alone takes 100
+header lines of 64 KiB each, 6.5 MB a connection outside the body budget.
 """
 
 from __future__ import annotations
@@ -22,10 +24,16 @@ import time
 REQUEST_TIMEOUT_S = 10.0
 # A body (or an answer) must move at least this fast after that head start: 64 KiB/s.
 MIN_BODY_RATE = 64 * 1024
+# Request line and headers together (PolicyClient sends a few hundred bytes).
+MAX_HEAD_BYTES = 64 * 1024
 
 
 class RequestTimedOut(TimeoutError):
     """A request (or an answer) missed its deadline; the connection must end."""
+
+
+class HeadTooLarge(ValueError):
+    """The request line and headers went past `MAX_HEAD_BYTES`; the connection must end."""
 
 
 def check_limits(request_timeout_s: float, min_body_rate: float) -> None:
@@ -58,7 +66,8 @@ class DeadlineReader(io.RawIOBase):
     `expect_request()` arms the next request: its first byte received starts
     the head's fixed deadline; `expect_body()` sets the body's pace. A `recv`
     past due, or one that stalls for the idle timeout within a request,
-    raises `RequestTimedOut` and sets `timed_out`.
+    raises `RequestTimedOut` and sets `timed_out`; a head still unfinished
+    after `MAX_HEAD_BYTES` raises `HeadTooLarge`.
     """
 
     def __init__(self, sock: socket.socket, idle_timeout_s: float, request_timeout_s: float,
@@ -69,7 +78,8 @@ class DeadlineReader(io.RawIOBase):
         self.request_timeout_s = request_timeout_s
         self.min_body_rate = min_body_rate
         self._pace: _Pace | None = None
-        self._armed = False
+        self._armed = False  # waiting for a request's first byte
+        self._in_head = False  # reading a request's line and headers
         self.timed_out = False
 
     def readable(self) -> bool:
@@ -77,17 +87,20 @@ class DeadlineReader(io.RawIOBase):
 
     def expect_request(self) -> None:
         """The next byte received begins a request: it starts the head's deadline."""
-        self._pace, self._armed, self.timed_out = None, True, False
+        self._pace, self._armed, self._in_head, self.timed_out = None, True, False, False
 
     def expect_body(self) -> None:
         """From now, the body must arrive at `min_body_rate` after a `request_timeout_s` start."""
-        self._armed = False
+        self._armed = self._in_head = False
         self._pace = _Pace(self.request_timeout_s, self.min_body_rate)
 
     def readinto(self, buffer: memoryview | bytearray) -> int:
         pace = self._pace
         timeout = self.idle_timeout_s
         if pace is not None:
+            if self._in_head and pace.moved >= MAX_HEAD_BYTES:
+                self._pace, self._in_head = None, False
+                raise HeadTooLarge(f"the request line and headers are over {MAX_HEAD_BYTES} bytes")
             left = pace.left_s()
             if left <= 0:
                 self._time_out()
@@ -102,12 +115,13 @@ class DeadlineReader(io.RawIOBase):
         if pace is not None:
             pace.moved += count
         elif count and self._armed:
-            self._armed = False  # the head's deadline is fixed: no rate extends it
+            self._armed, self._in_head = False, True
             self._pace = _Pace(self.request_timeout_s, math.inf)
+            self._pace.moved = count
         return count
 
     def _time_out(self) -> None:
-        self.timed_out = True
+        self.timed_out, self._in_head = True, False
         self._pace = None
         raise RequestTimedOut(f"the request did not arrive in time ({self.request_timeout_s:g} s "
                               f"for the head; the body at {self.min_body_rate:g} bytes/s after "

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from marl_runner.envs.external_episodes import ExternalEnvStopped
 from marl_runner.serving import codec
-from marl_runner.serving.http_deadlines import DeadlineReader, DeadlineWriter
+from marl_runner.serving.http_deadlines import DeadlineReader, DeadlineWriter, HeadTooLarge
 from marl_runner.serving.http_pool import BodyBudget, PooledHTTPServer, release_free_memory
 
 logger = logging.getLogger(__name__)
@@ -105,7 +105,11 @@ class PolicyRequestHandler(BaseHTTPRequestHandler):
         # What a 408 needs if the request line never came (`parse_request` sets them otherwise).
         self.requestline = self.request_version = self.command = ""
         self._reader.expect_request()
-        super().handle_one_request()  # a timeout in the head ends there, as a TimeoutError
+        try:
+            super().handle_one_request()  # a timeout in the head ends there, as a TimeoutError
+        except HeadTooLarge as exc:
+            self._refuse(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, str(exc), codec.JSON)
+            return
         if self._reader.timed_out:
             self._missed_deadline()
 
