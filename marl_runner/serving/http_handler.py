@@ -2,10 +2,10 @@
 
 Everything that can be refused without decoding is refused here, before the
 body is read: a missing token, a path outside the API, an unknown content
-type, a chunked, missing or oversized body, a body that finds no room in the
-memory budget, and any request after `close()` began. A request that does not
-arrive within its deadline (`http_deadlines`: however slowly its bytes drip
-in) gets 408 and its connection ends. What the call raises
+type, a chunked, missing or oversized body, a GET with a body, a body that
+finds no room in the memory budget, and any request after `close()` began. A
+request that does not arrive within its deadline (`http_deadlines`: however
+slowly its bytes drip in) gets 408 and its connection ends. What the call raises
 becomes a status (`STATUS_OF`) with `{"error", "type"}` in the body, so the
 client can re-raise it; nothing a client sends can stop the server.
 """
@@ -101,7 +101,7 @@ class PolicyRequestHandler(BaseHTTPRequestHandler):
 
     def handle_one_request(self) -> None:
         """One request under its deadline; one that missed it is answered 408 and counted once."""
-        self._answered = False
+        self._answered = self._missed = False
         # What a 408 needs if the request line never came (`parse_request` sets them otherwise).
         self.requestline = self.request_version = self.command = ""
         self._reader.expect_request()
@@ -181,6 +181,9 @@ class PolicyRequestHandler(BaseHTTPRequestHandler):
                 server.body_budget.release(reserved)
                 if length >= TRIM_AFTER_BYTES:
                     release_free_memory()
+        elif self._declares_body():
+            self._refuse(HTTPStatus.BAD_REQUEST, "a GET takes no body: send it without "
+                         "Content-Length (or with 0) and without Transfer-Encoding", content_type)
         else:
             self._answer(server, method, content_type, None)
 
@@ -218,11 +221,15 @@ class PolicyRequestHandler(BaseHTTPRequestHandler):
         self._send_bytes(HTTPStatus.OK, payload, content_type)
 
     def _missed_deadline(self) -> None:
-        """Ends a connection whose request came too slowly: counted and logged once, 408 if
-        nothing was answered yet (the client may be sending still: it may not read it)."""
+        """Ends a connection whose request came (or answer was read) too slowly: counted and
+        logged once, 408 if nothing was answered yet (the client may be sending still: it may
+        not read it)."""
         self.close_connection = True
+        if self._missed:
+            return
+        self._missed = True
         count = self.server.count_timed_out()
-        logger.info("closing the connection from %s: its request missed its deadline "
+        logger.info("closing the connection from %s: its request or answer missed its deadline "
                     "(%d so far)", self.client_address[0], count)
         if not self._answered:
             payload = codec.encode({"error": "the request did not arrive in time: send the "
@@ -260,11 +267,20 @@ class PolicyRequestHandler(BaseHTTPRequestHandler):
         expected = f"Bearer {token}"
         return hmac.compare_digest(given.encode("utf-8", "replace"), expected.encode("utf-8"))
 
+    def _declares_body(self) -> bool:
+        """Whether the request frames a body: any Transfer-Encoding, or a Content-Length not 0.
+
+        A GET's body is never read: kept on the connection, it would be taken
+        for the next request, one that a proxy in front never saw (smuggling).
+        """
+        lengths = self.headers.get_all("Content-Length", [])
+        return "Transfer-Encoding" in self.headers or any(v.strip() != "0" for v in lengths)
+
     def _body_length(self, limit: int, content_type: str) -> int | None:
         """The declared body length, or None after refusing a chunked, missing or oversized one."""
-        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
-            self._refuse(HTTPStatus.LENGTH_REQUIRED, "chunked bodies are not accepted; send "
-                         "Content-Length", content_type)
+        if "Transfer-Encoding" in self.headers:  # every Transfer-Encoding header, not the first
+            self._refuse(HTTPStatus.LENGTH_REQUIRED, "chunked (or any Transfer-Encoding) "
+                         "bodies are not accepted; send Content-Length", content_type)
             return None
         length = self._declared_length()
         if length is None:
@@ -279,13 +295,15 @@ class PolicyRequestHandler(BaseHTTPRequestHandler):
         return length
 
     def _declared_length(self) -> int | None:
-        """Content-Length if it is ASCII digits only (RFC 9110), else None.
+        """Content-Length if it is ASCII digits only (RFC 9110) and said once, else None.
 
-        `int()` also takes "+2", "1_0" and non-ASCII digits: a proxy in front
-        would read another length than this server, and a body boundary
-        attackers choose.
+        `int()` also takes "+2", "1_0" and non-ASCII digits, and a second
+        Content-Length header with another value may be the one a proxy in
+        front reads: either way it would read another length than this
+        server, and a body boundary attackers choose.
         """
-        text = self.headers.get("Content-Length", "")
+        texts = set(self.headers.get_all("Content-Length", []))
+        text = texts.pop() if len(texts) == 1 else ""
         return int(text) if text.isascii() and text.isdigit() else None
 
     def _read_body(self, length: int) -> bytearray | None:
@@ -350,7 +368,9 @@ class PolicyRequestHandler(BaseHTTPRequestHandler):
                 self.send_header("Connection", "close")
             self.end_headers()
             self.wfile.write(payload)
-        except (TimeoutError, BrokenPipeError, ConnectionResetError):
+        except TimeoutError:  # the client stopped reading its answer (`DeadlineWriter`)
+            self._missed_deadline()
+        except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True  # the client is gone; nothing to tell it
 
     def log_message(self, format: str, *args: Any) -> None:

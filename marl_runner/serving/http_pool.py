@@ -24,11 +24,31 @@ import time
 from http.server import HTTPServer
 from typing import Any
 
+try:
+    import resource
+except ImportError:  # not Unix: no open-file limit to read
+    resource = None
+
 from marl_runner.serving.http_deadlines import MIN_BODY_RATE, REQUEST_TIMEOUT_S, check_limits
 
 LISTEN_BACKLOG = 256
 # Connections accepted but silent so far; beyond this they wait in the listen backlog.
 MAX_PARKED = 1024
+
+
+def parking_room(max_parked: int, max_workers: int) -> int:
+    """`max_parked`, lowered so that client sockets take at most half the open-file limit.
+
+    The usual soft limit is 1,024: 1,024 silent connections (no token needed)
+    would take every descriptor, and the server could then open no file
+    (`--out`), no pipe and no thread-local library: it fails or aborts.
+    """
+    if resource is None:
+        return max_parked
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return max_parked
+    return max(1, min(max_parked, soft // 2 - max_workers - 1))
 
 
 class PooledHTTPServer(HTTPServer):
@@ -38,8 +58,9 @@ class PooledHTTPServer(HTTPServer):
     selector) until it sends its first bytes; only then does it take a
     worker, so connections opened and left silent cost a file descriptor,
     not a thread, and close after `idle_timeout_s`. At most `max_parked`
-    connections are parked; beyond that the accept loop waits and new ones
-    queue in the listen backlog. `saturated` is true while a connection with
+    connections are parked (fewer where the open-file limit is low:
+    `parking_room`); beyond that the accept loop waits and new ones queue in
+    the listen backlog. `saturated` is true while a connection with
     a request waits for a worker: handlers then close keep-alive connections
     after their current answer, so busy clients take turns.
 
@@ -72,7 +93,8 @@ class PooledHTTPServer(HTTPServer):
         self.requests_timed_out = 0
         self.saturated = False
         self._free = threading.Semaphore(max_workers)
-        self._park_slots = threading.Semaphore(max_parked)
+        self.max_parked = parking_room(max_parked, max_workers)
+        self._park_slots = threading.Semaphore(self.max_parked)
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._arrivals: queue.SimpleQueue = queue.SimpleQueue()
         self._workers: list[threading.Thread] = []
