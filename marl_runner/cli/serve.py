@@ -26,6 +26,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -299,26 +300,28 @@ def _written_metrics(metrics: dict[str, Any], writer: _Writer) -> dict[str, Any]
     }
 
 
-def _positive_seconds(text: str) -> float:
-    """An argparse type: a finite number of seconds > 0 (0 would make sockets non-blocking)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text}")
-    return value
+def _positive(unit: str, scale: float = 1.0) -> Callable[[str], float]:
+    """An argparse type: a finite number of `unit` > 0, returned times `scale`.
+
+    Zero would make sockets non-blocking (seconds) or divide by zero (rates).
+    """
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected a number of {unit} > 0, got {text!r}"
+            ) from None
+        if not math.isfinite(value) or value <= 0:
+            raise argparse.ArgumentTypeError(f"expected a number of {unit} > 0, got {text}")
+        return value * scale
+
+    return parse
 
 
-def _positive_kib(text: str) -> float:
-    """An argparse type: a finite number of KiB/s > 0, returned in bytes/s."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of KiB/s > 0, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a number of KiB/s > 0, got {text}")
-    return value * 1024
+_positive_seconds = _positive("seconds")
+_positive_kib = _positive("KiB/s", scale=1024)  # returned in bytes/s
 
 
 def _capacity(args: argparse.Namespace) -> dict[str, Any]:
