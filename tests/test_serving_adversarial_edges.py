@@ -8,14 +8,17 @@ client stops reading counts as a missed deadline like a slow request.
 from __future__ import annotations
 
 import logging
+import select
 import socket
 import subprocess
 import sys
+import threading
 import time
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
-from marl_runner.serving.http_pool import parking_room
+from marl_runner.serving.http_pool import PooledHTTPServer, parking_room
 from tests.test_serving_http import served, wait_for
 
 LIMITS = {"max_workers": 2, "idle_timeout_s": 0.6, "request_timeout_s": 1.0}
@@ -161,3 +164,51 @@ def test_a_post_with_two_different_content_lengths_gets_411():
         received = answers_on(handle.server.server_address_tuple(), head + body)
         assert received.startswith(b"HTTP/1.1 411 "), received[:200]
         assert received.count(b"HTTP/1.1 ") == 1, received
+
+
+class _HeldHandler(BaseHTTPRequestHandler):
+    """Answers after `release` is set, so a test can keep the only worker busy."""
+
+    protocol_version = "HTTP/1.1"
+    release = threading.Event()
+
+    def do_GET(self) -> None:
+        self.release.wait(30)
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_shutdown_returns_at_once_while_the_accept_loop_waits_for_room_to_park():
+    # The only worker busy, one request waiting for it, the one parking slot taken by a silent
+    # connection, and one more connection accepted: the accept loop waited for a worker to
+    # free and the silent one to expire (30 s here) before `shutdown` could return.
+    _HeldHandler.release.clear()
+    server = PooledHTTPServer(("127.0.0.1", 0), _HeldHandler, 1, idle_timeout_s=30, max_parked=1)
+    loop = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+                            daemon=True)
+    loop.start()
+    address = server.server_address[:2]
+    clients = [socket.create_connection(address, timeout=10) for _ in range(2)]
+    try:
+        for client in clients:  # the first takes the worker, the second waits for it
+            client.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        wait_for(lambda: server.saturated)
+        for _ in range(2):  # parked (silent), then accepted with no room to park it
+            clients.append(socket.create_connection(address, timeout=10))
+        wait_for(lambda: not select.select([server.socket], [], [], 0)[0])  # both accepted
+        stopper = threading.Thread(target=server.shutdown, daemon=True)
+        began = time.monotonic()
+        stopper.start()
+        stopper.join(5)
+        assert not stopper.is_alive(), "shutdown waited for room to park a connection"
+        assert time.monotonic() - began < 3
+    finally:
+        _HeldHandler.release.set()
+        server.server_close()
+        loop.join(10)
+        for client in clients:
+            client.close()

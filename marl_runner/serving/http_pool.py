@@ -101,6 +101,7 @@ class PooledHTTPServer(HTTPServer):
         self._idle = 0
         self._lock = threading.Lock()
         self._closing = threading.Event()
+        self._accepting = True
         self._wake_reader, self._wake_writer = socket.socketpair()
         self._wake_writer.setblocking(False)
         super().__init__(address, handler)
@@ -118,10 +119,20 @@ class PooledHTTPServer(HTTPServer):
             self.requests_timed_out += 1
             return self.requests_timed_out
 
+    def shutdown(self) -> None:
+        """Stops the accept loop, also while it waits for room to park a connection.
+
+        With every worker busy and the parking full, that wait lasts until a
+        worker frees and a silent connection expires: `close()` waited that
+        long before it began its own wait for the requests in progress.
+        """
+        self._accepting = False
+        super().shutdown()
+
     def process_request(self, request: socket.socket, client_address: Any) -> None:
         """Parks the new connection until it sends something (waiting for room to park it)."""
         while not self._park_slots.acquire(timeout=0.1):
-            if self._closing.is_set():
+            if self._closing.is_set() or not self._accepting:
                 self.shutdown_request(request)
                 return
         self._arrivals.put((request, client_address))
