@@ -189,7 +189,7 @@ def test_keep_alive_requests_each_get_their_own_deadline():
 @pytest.mark.parametrize(
     ("setting", "value"),
     [("request_timeout_s", 0), ("request_timeout_s", float("inf")), ("min_body_rate", -5),
-     ("min_body_rate", "64k")],
+     ("min_body_rate", "64k"), ("idle_timeout_s", 0), ("idle_timeout_s", -1.0)],
 )
 def test_bad_deadline_settings_are_refused_naming_the_value(setting, value):
     with pytest.raises(ValueError, match=f"{setting} {value!r}: expected a finite number > 0"):

@@ -36,9 +36,13 @@ class HeadTooLarge(ValueError):
     """The request line and headers went past `MAX_HEAD_BYTES`; the connection must end."""
 
 
-def check_limits(request_timeout_s: float, min_body_rate: float) -> None:
-    """Raises ValueError naming a deadline setting that is not a finite number > 0."""
-    for name, value in (("request_timeout_s", request_timeout_s), ("min_body_rate", min_body_rate)):
+def check_limits(**limits: float) -> None:
+    """Raises ValueError naming a timeout or rate that is not a finite number > 0.
+
+    0 would make a socket non-blocking (or a rate divide by zero), and a
+    negative timeout fails only at the first `recv`, inside a worker.
+    """
+    for name, value in limits.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
             math.isfinite(value) and value > 0
         ):

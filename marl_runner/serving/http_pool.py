@@ -83,9 +83,11 @@ class PooledHTTPServer(HTTPServer):
         request_timeout_s: float = REQUEST_TIMEOUT_S,
         min_body_rate: float = MIN_BODY_RATE,
     ) -> None:
-        if max_workers < 1:
-            raise ValueError(f"max_workers {max_workers!r}: expected an int >= 1")
-        check_limits(request_timeout_s, min_body_rate)
+        for name, count in (("max_workers", max_workers), ("max_parked", max_parked)):
+            if count < 1:
+                raise ValueError(f"{name} {count!r}: expected an int >= 1")
+        check_limits(idle_timeout_s=idle_timeout_s, request_timeout_s=request_timeout_s,
+                     min_body_rate=min_body_rate)
         self.max_workers = max_workers
         self.idle_timeout_s = idle_timeout_s
         self.request_timeout_s = request_timeout_s
