@@ -170,7 +170,7 @@ class PolicyServer:
 
     @property
     def requests_timed_out(self) -> int:
-        """Requests that missed their deadline (answered 408 where possible) so far."""
+        """Requests, or answers left unread, that missed their deadline (408 where possible)."""
         return self._httpd.requests_timed_out
 
     @property
