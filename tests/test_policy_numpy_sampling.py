@@ -29,14 +29,13 @@ def _logits_and_mask(num_rows: int, width: int, scale: float = 3.0):
 
 
 @pytest.mark.parametrize("masked", [False, True])
-def test_draws_are_gumbel_max_of_the_seeded_exponentials(masked: bool) -> None:
+def test_draws_are_gumbel_max_of_the_seeded_uniforms(masked: bool) -> None:
     logits, mask = _logits_and_mask(300, 6)
     mask = mask if masked else None
     actions, _, dist_inputs = NumpyCategoricalSampler(6, 2, seed=7).act(logits, mask, True)
-    exponentials = np.random.Generator(np.random.PCG64(7)).standard_exponential(
-        (300, 6), dtype=np.float32
-    )
-    scores = logits - np.log(np.maximum(exponentials, np.finfo(np.float32).tiny))
+    uniforms = np.random.Generator(np.random.PCG64(7)).random((300, 6), dtype=np.float32)
+    gumbel = -np.log(-np.log(np.maximum(uniforms, np.finfo(np.float32).tiny)))
+    scores = logits + gumbel
     if masked:
         scores = np.where(mask, scores, -np.inf)
         np.testing.assert_array_equal(dist_inputs, np.where(mask, logits, FLOAT_MIN))

@@ -19,7 +19,7 @@ __all__ = ["NumpyCategoricalSampler"]
 
 # Same lowest finite float as the torch heads give masked logits (no NaNs from 0 * -inf).
 _FLOAT_MIN = np.finfo(np.float32).min
-# Exponential draws are clamped to it so that their log is finite.
+# Uniform draws are clamped to it so that their log is finite.
 _TINY = np.finfo(np.float32).tiny
 # PCG64's state as a uint64 array: state (high, low word), inc (high, low), has_uint32, uinteger.
 _STATE_WORDS = 6
@@ -30,9 +30,9 @@ class NumpyCategoricalSampler:
     """Actions, log-probs and masked logits of a Discrete space from ``[n, k]`` logits.
 
     ``seed`` seeds the generator (None: fresh OS entropy). :meth:`get_state`
-    is a uint64 array (numeric, so every checkpoint and sync codec carries
-    it); :meth:`set_state` also takes a torch generator's byte state, as
-    policies saved before this sampler stored, and seeds from it.
+    is a uint64 array (numeric, so a checkpoint stores it as a plain array);
+    :meth:`set_state` also takes a torch generator's byte state, as policies
+    saved before this sampler stored, and seeds from it.
     """
 
     def __init__(self, num_actions: int, start: int, seed: int | None) -> None:
@@ -45,15 +45,20 @@ class NumpyCategoricalSampler:
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(actions [n], logp [n], dist_inputs [n, k])`` as ``CategoricalHead.act`` gives them.
 
-        Exploring draws by Gumbel-max: ``-log(E)`` with ``E ~ Exp(1)`` is
-        Gumbel(0, 1) noise, one log per entry. Masked entries are set to
-        -inf after the noise, so they never win; ``mask`` must allow some
-        action in every row (``check_action_mask`` makes sure of it).
+        Exploring draws by Gumbel-max, as the torch head does: ``logits -
+        log(-log(u))`` with uniforms ``u`` clamped to the smallest normal
+        float. Masked entries are set to -inf after the noise, so they never
+        win; ``mask`` must allow some action in every row
+        (``check_action_mask`` makes sure of it).
         """
         dist_inputs = logits if mask is None else np.where(mask, logits, _FLOAT_MIN)
         if explore:
-            noise = self.rng.standard_exponential(logits.shape, dtype=np.float32)
+            # Uniform draws and two logs cost less than exponential (ziggurat) draws and
+            # one log from ~100 rows on, and give the torch head's formula.
+            noise = self.rng.random(logits.shape, dtype=np.float32)
             np.maximum(noise, _TINY, out=noise)
+            np.log(noise, out=noise)
+            np.negative(noise, out=noise)
             np.log(noise, out=noise)
             scores = np.subtract(logits, noise, out=noise)
         else:
