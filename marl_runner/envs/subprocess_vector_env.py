@@ -132,9 +132,13 @@ class SubprocessVectorEnv(BaseEnv):
             process may use (`num_workers` or `num_workers + 1` of them, at
             least 2), pin worker i to the i-th of them and make it a
             `SCHED_BATCH` task (see `subprocess_worker.pin_to_cpu`); this
-            process stays unpinned. With 2 workers on 2 CPUs that is worth
-            ~15% of throughput on env-bound workloads (KAZ: 1.38x -> 1.56x
-            over sync). Linux only; elsewhere, or with more CPUs, a no-op.
+            process stays unpinned. With 2 workers on 2 otherwise idle CPUs
+            that is worth 8-15% of throughput on env-bound workloads (KAZ:
+            1.38x -> 1.56x over sync; simple_spread 1.13x -> 1.22x). On CPUs
+            that other processes keep busy it costs more than that (KAZ, 2
+            CPUs at load ~2.5: 0.58x of the sync bare loop pinned, 0.85x
+            not), since a pinned worker cannot leave a busy CPU: pass False
+            there. Linux only; elsewhere, or with more CPUs, a no-op.
     """
 
     def __init__(
