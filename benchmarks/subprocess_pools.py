@@ -3,7 +3,9 @@
 `vector_speedup` times the bare loop and the runner, each over `sync` and over
 `subprocess` sub-envs, windows taking turns, and reports env steps/s and the
 ratios the issue sets targets for (KAZ and simple_spread: subprocess runner
->= 1.85x the sync bare loop; cheap: subprocess runner >= 0.8x the sync runner).
+>= 1.85x the sync bare loop; cheap: subprocess runner >= 0.8x the sync runner),
+with each subprocess sampler's time per round split into main-process wait and
+IPC and one worker's env and other step work (`per_round_ms`).
 
 `slow_sub_env` runs eight sub-envs of which one is 10x slower (`SlowEnv`), with
 and without async pools (`num_envs_per_poll`), and reports the env steps/s of
@@ -75,6 +77,7 @@ def vector_speedup(
             ),
         }
         windows: dict[str, Callable[[float], float]] = {}
+        vector_envs: dict[str, Any] = {}
         with contextlib.ExitStack() as stack:
             for kind in ("bare", "runner"):
                 for mode, config in configs.items():
@@ -82,27 +85,52 @@ def vector_speedup(
                         bare = BareLoop(config)
                         stack.callback(bare.stop)
                         windows[f"bare_{mode}"] = functools.partial(_bare_window, bare)
+                        vector_envs[f"bare_{mode}"] = bare.env
                     else:
                         runner = stack.enter_context(EnvRunner(config))
                         windows[f"runner_{mode}"] = functools.partial(
                             _runner_window, time_runner, runner
                         )
+                        vector_envs[f"runner_{mode}"] = runner.env
             for key, window in windows.items():
                 progress(f"{name}: warm-up {key}")
                 window(warmup_s)
+            for key in ("bare_subprocess", "runner_subprocess"):
+                vector_envs[key].reset_stats()
             rates: dict[str, list[float]] = {key: [] for key in windows}
             order = list(windows)
             for repeat in range(repeats):
                 for key in order if repeat % 2 == 0 else order[::-1]:
                     progress(f"{name}: {key} window {repeat + 1}")
                     rates[key].append(windows[key](duration_s))
+            breakdowns = {
+                key: round_breakdown(vector_envs[key].stats, num_workers)
+                for key in ("bare_subprocess", "runner_subprocess")
+            }
         row: dict[str, Any] = {"name": name, "num_envs": workload.num_envs}
         row.update({key: statistics.median(values) for key, values in rates.items()})
+        row["per_round_ms"] = breakdowns
         row["bare_speedup"] = row["bare_subprocess"] / row["bare_sync"]
         row["runner_speedup"] = row["runner_subprocess"] / row["runner_sync"]
         row["runner_subprocess_over_bare_sync"] = row["runner_subprocess"] / row["bare_sync"]
         rows.append(row)
     return rows
+
+
+def round_breakdown(stats: Any, num_workers: int) -> dict[str, float]:
+    """Milliseconds per round (one poll: a step of every sub-env) from a
+    `SubprocessStats`: the main process waiting for replies and doing IPC, one
+    worker's time in env steps and in all its step work (`worker_busy` minus
+    `worker_env` is its IPC), so a speed-up short of the target says where it went."""
+    polls = max(stats.polls, 1)
+    per_worker = polls * max(num_workers, 1)
+    return {
+        "main_wait": stats.parent_wait_s * 1e3 / polls,
+        "main_ipc": stats.parent_ipc_s * 1e3 / polls,
+        "worker_env": stats.worker_env_s * 1e3 / per_worker,
+        "worker_busy": stats.worker_busy_s * 1e3 / per_worker,
+        "pickled_share": stats.pickled_env_steps / max(stats.env_steps, 1),
+    }
 
 
 def _bare_window(bare: Any, duration_s: float) -> float:
@@ -130,6 +158,17 @@ def print_speedup(rows: list[dict[str, Any]]) -> None:
             f"{r['bare_speedup']:>8.2f}{r['runner_sync']:>13,.0f}{r['runner_subprocess']:>13,.0f}"
             f"{r['runner_speedup']:>8.2f}{r['runner_subprocess_over_bare_sync']:>15.2f}"
         )
+    print(
+        f"{'per round (ms)':<24}{'main wait':>10}{'main IPC':>10}{'worker env':>12}"
+        f"{'worker busy':>13}{'pickled':>9}"
+    )
+    for r in rows:
+        for key, b in r["per_round_ms"].items():
+            print(
+                f"{r['name'] + ' ' + key.replace('_subprocess', ''):<24}{b['main_wait']:>10.3f}"
+                f"{b['main_ipc']:>10.3f}{b['worker_env']:>12.3f}{b['worker_busy']:>13.3f}"
+                f"{b['pickled_share']:>9.1%}"
+            )
 
 
 class SlowSubEnv(CheapEnv):

@@ -33,6 +33,11 @@ def test_vector_speedup_reports_both_ratios_from_windows_taking_turns():
     )
     assert row["name"] == "spread" and row["bare_speedup"] > 0 and row["runner_speedup"] > 0
     assert row["runner_subprocess_over_bare_sync"] > 0
+    for key in ("bare_subprocess", "runner_subprocess"):
+        breakdown = row["per_round_ms"][key]
+        assert breakdown["worker_busy"] >= breakdown["worker_env"] > 0
+        assert breakdown["main_wait"] >= 0 and breakdown["main_ipc"] > 0
+        assert 0 <= breakdown["pickled_share"] <= 1
     windows = [line.split(": ")[1] for line in said if "window" in line]
     first = ["bare_sync", "bare_subprocess", "runner_sync", "runner_subprocess"]
     assert windows == [f"{key} window 1" for key in first] + [
