@@ -169,3 +169,22 @@ def test_a_malformed_sampler_state_is_an_error(bad: np.ndarray) -> None:
 def test_multidiscrete_keeps_the_torch_generator_state() -> None:
     policy = TorchPolicy(OBS_SPACE, gym.spaces.MultiDiscrete([3, 4]), {"seed": 3})
     assert policy.get_state()["sampler_rng_state"].dtype == np.uint8
+
+
+def test_a_torch_path_policy_takes_a_state_of_another_generator_kind() -> None:
+    """A checkpoint moving between devices or heads carries a state the generator cannot
+    continue (numpy words; a CPU torch state on CUDA is the same case): it seeds it."""
+    numpy_words = TorchPolicy(OBS_SPACE, gym.spaces.Discrete(4), {"seed": 1}).get_state()[
+        "sampler_rng_state"
+    ]
+    obs = {"obs": np.zeros((64, 4), np.float32)}
+    draws = []
+    for _ in range(2):
+        policy = TorchPolicy(OBS_SPACE, gym.spaces.MultiDiscrete([3, 4]), {"seed": 3})
+        policy.set_state({"weights": policy.get_weights(), "sampler_rng_state": numpy_words})
+        draws.append(policy.compute_actions_from_input_dict(obs)[0])
+    np.testing.assert_array_equal(draws[0], draws[1])
+    foreign_bytes = np.arange(16, dtype=np.uint8)  # e.g. a CUDA (Philox) generator's state
+    policy.set_state({"weights": policy.get_weights(), "sampler_rng_state": foreign_bytes})
+    with pytest.raises(ValueError, match="sampler_rng_state has dtype float64"):
+        policy.set_state({"weights": policy.get_weights(), "sampler_rng_state": np.zeros(3)})

@@ -17,7 +17,12 @@ from marl_runner.policy.gae import compute_gae, parse_gae_config
 from marl_runner.policy.models import build_model, is_recurrent_model
 from marl_runner.policy.numpy_sampling import NumpyCategoricalSampler
 from marl_runner.policy.sequences import sequence_starts, unroll
-from marl_runner.policy.torch_utils import packed_to_numpy, resolve_device, seeded_cpu_rng
+from marl_runner.policy.torch_utils import (
+    packed_to_numpy,
+    resolve_device,
+    restore_generator,
+    seeded_cpu_rng,
+)
 
 if TYPE_CHECKING:
     from marl_runner.batch import SampleBatch
@@ -343,8 +348,9 @@ class TorchPolicy(Policy):
     def set_state(self, state: Mapping[str, Any]) -> None:
         """Weights, and the sampling generator when the state has it.
 
-        A Discrete CPU policy also takes a torch generator state, as policies
-        saved before it sampled in numpy stored: that seeds its generator.
+        A state of another generator kind (a torch state in a Discrete CPU policy,
+        as policies saved before it sampled in numpy stored; a numpy or CPU state
+        in a policy on CUDA) seeds the generator instead of continuing it.
         """
         super().set_state(state)
         if "sampler_rng_state" not in state:
@@ -352,7 +358,7 @@ class TorchPolicy(Policy):
         if self._numpy_sampler is not None:
             self._numpy_sampler.set_state(state["sampler_rng_state"])
         else:
-            self._generator.set_state(torch.from_numpy(np.asarray(state["sampler_rng_state"])))
+            restore_generator(self._generator, state["sampler_rng_state"])
 
     def _model_input(self, input_dict: Mapping[str, Any]) -> np.ndarray:
         """Flat float32 ``[n, input_dim]``: obs, then the declared previous action/reward.

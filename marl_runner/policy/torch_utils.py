@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch
 
-__all__ = ["packed_to_numpy", "resolve_device", "seeded_cpu_rng"]
+__all__ = ["packed_to_numpy", "resolve_device", "restore_generator", "seeded_cpu_rng"]
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -55,3 +57,24 @@ def seeded_cpu_rng(seed: int | None) -> Iterator[None]:
     with torch.random.fork_rng(devices=[]):
         torch.random.default_generator.manual_seed(int(seed))
         yield
+
+
+def restore_generator(generator: torch.Generator, state: Any) -> None:
+    """Sets a torch generator to a saved ``sampler_rng_state``.
+
+    A state of another kind of generator (a numpy sampler's ``uint64`` words, a
+    CPU generator's bytes on a CUDA one or the reverse, as when a checkpoint
+    moves between devices) cannot be continued: it seeds the generator
+    instead, so the same saved state always gives the same draws.
+    """
+    array = np.ascontiguousarray(np.asarray(state))
+    if array.dtype == np.uint8 and array.shape == tuple(generator.get_state().shape):
+        generator.set_state(torch.from_numpy(array))
+        return
+    if array.dtype.kind not in "biu" or array.ndim != 1 or not array.size:
+        raise ValueError(
+            f"sampler_rng_state has dtype {array.dtype} and shape {array.shape}; expected a "
+            "1-D integer array (a saved generator state)"
+        )
+    digest = hashlib.blake2b(array.tobytes(), digest_size=8).digest()
+    generator.manual_seed(int.from_bytes(digest, "little") >> 1)
