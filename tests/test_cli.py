@@ -359,7 +359,10 @@ def test_sample_episodes_with_the_real_runner(
     args = ["sample", str(EXAMPLES / "connect_four.yaml"), "--episodes", "3", "--set", "num_envs=2"]
     assert main([*args, "--progress-interval", "0"]) == 0
     out = capsys.readouterr().out
-    assert "3/3 episodes" in out or "4/3 episodes" in out
+    # Each sample() call brings every sub-env's next episode, and one sub-env may finish
+    # several meanwhile: sampling stops at the first call that reaches the target.
+    counts = [int(n) for n in re.findall(r"(\d+)/3 episodes", out)]
+    assert counts and counts[-1] >= 3 and all(n < 3 for n in counts[:-1])
 
 
 # ----------------------------------------------------------------------------- bench

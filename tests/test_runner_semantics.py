@@ -12,6 +12,7 @@ from marl_runner import EnvRunner, NoObservationError, SubEnvError, check_batch_
 from marl_runner.checks import trajectory_rows
 from marl_runner.envs import register_env
 from marl_runner.envs.testing import CrashingEnv
+from marl_runner.envs.testing.space_envs import DictObsEnv
 from tests.runner_helpers import EpisodeTracker, assert_rewards_conserved, config
 
 TESTING = "marl_runner.envs.testing:"
@@ -187,14 +188,42 @@ def test_one_forward_pass_per_policy_per_step() -> None:
             original = policy.compute_actions_from_input_dict
 
             def counted(input_dict, *args, _pid=policy_id, _original=original, **kwargs):
-                calls.append((_pid, len(input_dict)))
+                done = input_dict["terminateds"] | input_dict["truncateds"]
+                calls.append((_pid, int((~done).sum()), int(done.sum())))
                 return _original(input_dict, *args, **kwargs)
 
             policy.compute_actions_from_input_dict = counted
         for _ in range(25):
             runner.step()
     assert len(calls) == 50
-    assert {n for _, n in calls} == {6}  # 2 agents of a parity x 3 sub-envs, every round
+    # 2 agents of a parity x 3 sub-envs act every round; at episode ends the same pass
+    # also gets their final rows (never sent, never opening a transition).
+    assert {acting for _, acting, _ in calls} == {6}
+    assert {done for _, _, done in calls} == {0, 6}
+
+
+class FinalMaskAllowsNothingEnv(DictObsEnv):
+    """A board game's last obs: no move is legal any more (its mask is all zeros)."""
+
+    def step(self, actions):
+        obs, rewards, terminateds, truncateds, infos = super().step(actions)
+        if terminateds.get("__all__") or truncateds.get("__all__"):
+            for agent_obs in obs.values():
+                agent_obs["action_mask"] = np.zeros_like(agent_obs["action_mask"])
+        return obs, rewards, terminateds, truncateds, infos
+
+
+def test_a_final_obs_that_allows_no_action_is_stored_not_refused() -> None:
+    """Final rows go through the policy's forward pass with the round's other rows; their
+    mask is opened for it, since no action of theirs is ever sent."""
+    cfg = config("tests.test_runner_semantics:FinalMaskAllowsNothingEnv", num_envs=2,
+                 rollout_fragment_length=5)
+    with EnvRunner(cfg) as runner:
+        batch = runner.sample(num_env_steps=40)
+    check_batch_invariants(batch, rollout_fragment_length=5)
+    shared = batch.policy_batches["shared"]
+    assert shared["terminateds"].any() or shared["truncateds"].any()
+    assert shared["action_mask"][np.arange(len(shared)), shared["actions"]].all()
 
 
 def by_parity(agent_id: str, episode, **kwargs) -> str:

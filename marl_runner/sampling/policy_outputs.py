@@ -16,43 +16,58 @@ if TYPE_CHECKING:
 
 
 class Evaluated(NamedTuple):
-    """One policy's forward pass of a round: which of its rows needed an action, those
-    rows, and the policy's output for them."""
+    """One policy's forward pass of a round: which of its rows needed an action, the rows
+    as the policy got them (all of them, see ``policy_input``), and its output for them."""
 
     needs_action: np.ndarray
-    input_rows: AgentRows
+    rows: AgentRows
     output: PolicyOutput
+
+
+def policy_input(rows: AgentRows, needs_action: np.ndarray) -> AgentRows:
+    """The rows as the policy gets them: a done row's action mask allows every action
+    (a final obs may allow none, which no policy can honour; its action is never sent)."""
+    mask = rows.get("action_mask")
+    if mask is None or needs_action.all():
+        return rows
+    mask = np.array(mask, copy=True)
+    mask[~needs_action] = 1
+    unmasked = AgentRows(rows.columns)
+    unmasked["action_mask"] = mask
+    return unmasked
 
 
 def run_action_connectors(
     entry: PolicyEntry,
     evaluated: Evaluated,
-    num_rows: int,
     off_policy: dict[int, dict],
     actions_by_env: dict[int, dict],
 ) -> dict[str, np.ndarray]:
-    """The policy's action pipeline; its env actions go to ``actions_by_env``.
+    """The policy's action pipeline; the env actions of the rows that need one go to
+    ``actions_by_env``.
 
-    Returns the action-side columns stored over all ``num_rows`` rows of the
-    round: the raw policy output (or the env's own choice where it acted
-    off-policy) and the extra outputs. Stateful agent connectors (previous
-    action, RNN state) are told what was stored.
+    Returns the action-side columns stored with the rows: the raw policy
+    output (or the env's own choice where it acted off-policy) and the extra
+    outputs. Stateful agent connectors (previous action, RNN state) are told
+    what was stored.
     """
-    needs_action, input_rows, (actions, state_outs, extra) = evaluated
+    needs_action, rows, (actions, state_outs, extra) = evaluated
     action_rows = ActionRows(
         actions=actions, state_outs=state_outs, extra=extra,
-        keys=input_rows["keys"], env_ids=input_rows["env_ids"],
-        agent_ids=input_rows["agent_ids"], input_rows=input_rows,
+        keys=rows["keys"], env_ids=rows["env_ids"],
+        agent_ids=rows["agent_ids"], input_rows=rows,
     )
-    distribute_actions(actions_by_env, input_rows, entry.action_pipeline(action_rows).actions)
+    env_actions = entry.action_pipeline(action_rows).actions
+    distribute_actions(actions_by_env, rows, env_actions, needs_action)
     columns = {"actions": actions, **extra}
     for i, state in enumerate(state_outs):
         columns[f"state_out_{i}"] = state
     if off_policy:
-        apply_off_policy_actions(columns, input_rows, off_policy)
+        apply_off_policy_actions(columns, rows, off_policy)
         action_rows = action_rows.replace(actions=columns["actions"])
     entry.agent_pipeline.on_policy_output(action_rows)
-    return scatter(columns, needs_action, num_rows)
+    num_rows = len(rows)
+    return {name: _as_column(value, num_rows) for name, value in columns.items()}
 
 
 def stored_columns(rows: AgentRows) -> dict[str, Any]:
@@ -67,20 +82,6 @@ def stored_columns(rows: AgentRows) -> dict[str, Any]:
     # every element for a nested sequence, and would even split equal-length sequences).
     chunk["infos"] = np.fromiter(rows["infos"], object, len(rows))
     return chunk
-
-
-def scatter(columns: dict[str, Any], needs_action: np.ndarray, num_rows: int) -> dict[str, np.ndarray]:
-    """Action-side columns over all rows of the round (zeros on done rows)."""
-    if len(needs_action) == num_rows and needs_action.all():
-        return {name: _as_column(value, num_rows) for name, value in columns.items()}
-    acting = np.flatnonzero(needs_action)
-    out = {}
-    for name, value in columns.items():
-        value = _as_column(value, len(acting))
-        full = np.zeros((num_rows,) + value.shape[1:], value.dtype)
-        full[acting] = value
-        out[name] = full
-    return out
 
 
 def _as_column(value: Any, num_rows: int) -> np.ndarray:
@@ -102,10 +103,19 @@ def _split_rows(actions: Any, num_rows: int) -> list:
     return [tree.unflatten_as(actions, [leaf[i] for leaf in flat]) for i in range(num_rows)]
 
 
-def distribute_actions(actions_by_env: dict[int, dict], rows: AgentRows, actions: Any) -> None:
-    """Each row's env-bound action into ``actions_by_env[env_id][agent_id]``."""
+def distribute_actions(
+    actions_by_env: dict[int, dict], rows: AgentRows, actions: Any, needs_action: np.ndarray
+) -> None:
+    """Each row's env-bound action into ``actions_by_env[env_id][agent_id]``, for the rows
+    that need one."""
     per_row = _split_rows(actions, len(rows))
-    for env_id, agent_id, action in zip(rows["env_ids"].tolist(), rows["agent_ids"], per_row):
+    env_ids, agent_ids = rows["env_ids"].tolist(), rows["agent_ids"]
+    if not needs_action.all():
+        acting = np.flatnonzero(needs_action).tolist()
+        per_row = [per_row[i] for i in acting]
+        env_ids = [env_ids[i] for i in acting]
+        agent_ids = [agent_ids[i] for i in acting]
+    for env_id, agent_id, action in zip(env_ids, agent_ids, per_row):
         actions_by_env[env_id][agent_id] = action
 
 

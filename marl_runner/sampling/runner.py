@@ -30,7 +30,12 @@ from marl_runner.sampling.episode import AgentSlot
 from marl_runner.sampling.fragments import FragmentBuilder
 from marl_runner.sampling.lifecycle import EpisodeLifecycle, SubEnvError
 from marl_runner.sampling.policy_map import PolicyMap
-from marl_runner.sampling.policy_outputs import Evaluated, run_action_connectors, stored_columns
+from marl_runner.sampling.policy_outputs import (
+    Evaluated,
+    policy_input,
+    run_action_connectors,
+    stored_columns,
+)
 from marl_runner.sampling.postprocess import postprocess_trajectories
 from marl_runner.sampling.round import Round, RoundCollector
 from marl_runner.sampling.trajectories import KeyTable
@@ -389,23 +394,25 @@ class EnvRunner:
     # ---- forward
 
     def _forward(self, rows_by_policy: dict[str, AgentRows]) -> dict[str, Evaluated]:
-        """ONE forward pass per policy over all its rows that need an action (not done)."""
+        """ONE forward pass per policy over all its rows, if any of them needs an action.
+
+        Done rows go through it too: a few more rows cost the model less than
+        selecting every column and spreading every output back, and their
+        outputs are neither sent nor part of any transition (a trajectory's last
+        row only closes one).
+        """
         evaluated = {}
         explore = self.config.explore
         for policy_id, rows in rows_by_policy.items():
             needs_action = ~(rows["terminateds"] | rows["truncateds"])
-            if needs_action.all():
-                input_rows = rows
-            elif needs_action.any():
-                input_rows = rows.select(needs_action)
-            else:
+            if not needs_action.any():
                 continue
-            policy = self.policy_map[policy_id]
+            inputs = policy_input(rows, needs_action)
             evaluated[policy_id] = Evaluated(
                 needs_action,
-                input_rows,
-                policy.compute_actions_from_input_dict(
-                    input_rows, explore=explore, timestep=self._num_env_steps_total
+                inputs,
+                self.policy_map[policy_id].compute_actions_from_input_dict(
+                    inputs, explore=explore, timestep=self._num_env_steps_total
                 ),
             )
         return evaluated
@@ -426,8 +433,7 @@ class EnvRunner:
         entries = self.policy_map.entries
         for policy_id, policy_evaluated in evaluated.items():
             columns[policy_id] = run_action_connectors(
-                entries[policy_id], policy_evaluated, len(rows_by_policy[policy_id]),
-                off_policy, by_env,
+                entries[policy_id], policy_evaluated, off_policy, by_env
             )
         return RoundActions(by_env, columns)
 
