@@ -220,6 +220,35 @@ def process_speedup_table(rows: list[dict[str, Any]]) -> Table:
     return table
 
 
+#: ``--process-speedup`` per-round columns: header, key of ``per_round_ms``.
+_ROUND_TIME_COLUMNS = (
+    ("main waits", "main_wait"),
+    ("main IPC", "main_ipc"),
+    ("worker env", "worker_env"),
+    ("worker busy", "worker_busy"),
+)
+
+
+def process_round_times_table(rows: list[dict[str, Any]]) -> Table:
+    """``--process-speedup``: where a subprocess sampler's round goes, so a speed-up short
+    of its target says whether the main process, IPC or the workers' envs hold it."""
+    table = Table(
+        title="Subprocess samplers: ms per round (worker columns: one worker); pickled: "
+        "share of steps"
+    )
+    for name in ("workload", "sampler", *(c for c, _ in _ROUND_TIME_COLUMNS), "pickled"):
+        table.add_column(name, justify="left" if name in ("workload", "sampler") else "right")
+    for row in rows:
+        for sampler, times in (row.get("per_round_ms") or {}).items():
+            table.add_row(
+                row["name"],
+                sampler.replace("_", " "),
+                *(f"{times[key]:.2f}" for _, key in _ROUND_TIME_COLUMNS),
+                f"{times['pickled_share']:.0%}",
+            )
+    return table
+
+
 def slow_sub_env_table(rows: list[dict[str, Any]]) -> Table:
     """``--slow-sub-env``: what the other sub-envs keep when one is slow."""
     table = Table(
@@ -271,6 +300,7 @@ def print_report(console: Console, report: dict[str, Any]) -> None:
         console.print(subprocess_breakdown_table(report["subprocess"]))
     if report.get("process_speedup"):
         console.print(process_speedup_table(report["process_speedup"]))
+        console.print(process_round_times_table(report["process_speedup"]))
     if report.get("slow_sub_env"):
         console.print(slow_sub_env_table(report["slow_sub_env"]))
     for result in report.get("profiles") or []:

@@ -167,3 +167,23 @@ def test_soak_serve_runs_alone_and_its_exit_code_says_if_anything_was_lost(
     assert main(["--soak-serve", "0.5", "--seed", "4", "--output", str(out)]) == code
     assert seen["minutes"] == 0.5 and seen["seed"] == 4
     assert json.loads(out.read_text())["equal"] is equal
+
+
+def test_process_round_times_table_shows_each_subprocess_sampler() -> None:
+    from rich.console import Console
+
+    from benchmarks.report import process_round_times_table
+
+    times = {"main_wait": 3.76, "main_ipc": 0.17, "worker_env": 3.4, "worker_busy": 3.48}
+    row = {
+        "name": "kaz",
+        "per_round_ms": {
+            "bare_subprocess": {**times, "pickled_share": 0.0},
+            "runner_subprocess": {**times, "main_ipc": 0.66, "pickled_share": 0.25},
+        },
+    }
+    console = Console(record=True, width=200)
+    console.print(process_round_times_table([row]))
+    text = console.export_text()
+    assert "bare subprocess" in text and "runner subprocess" in text
+    assert "0.66" in text and "25%" in text and "3.76" in text
