@@ -10,7 +10,7 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 import pytest
-import torch
+from helpers_runner_connectors import one_torch_thread  # noqa: F401 (a fixture)
 
 from marl_runner import check_batch_invariants
 from tests.test_images_end_to_end import RANDOM_POLICY, pistonball_config, sample_sorted
@@ -18,12 +18,7 @@ from tests.test_images_end_to_end import RANDOM_POLICY, pistonball_config, sampl
 FRAME = gym.spaces.Box(0, 255, (457, 120, 3), np.uint8)
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _native_frames(**overrides) -> dict[str, np.ndarray]:
