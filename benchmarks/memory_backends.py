@@ -71,21 +71,6 @@ class Watched:
         return self.process.memory_info().rss / 2**20
 
 
-def _started_env_workers(before: set[int]) -> list[psutil.Process]:
-    """This process's descendants that were not there in ``before``, less multiprocessing's
-    helpers: the resource tracker, and the forkserver the workers are forked from (the
-    parent of others among them). Sorted by pid, i.e. by start."""
-    new = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
-    parents = {p.ppid() for p in new}
-    return sorted(
-        (
-            p for p in new
-            if p.pid not in parents and "resource_tracker" not in " ".join(p.cmdline())
-        ),
-        key=lambda p: p.pid,
-    )
-
-
 def _ray_actor_pids(runner: EnvRunner) -> list[int]:
     """Each sub-env actor's process id, by env id (asked of the actors themselves)."""
     import ray
@@ -93,18 +78,12 @@ def _ray_actor_pids(runner: EnvRunner) -> list[int]:
     return ray.get([a.__ray_call__.remote(lambda _actor: os.getpid()) for a in runner.env.actors])
 
 
-def watched_processes(runner: EnvRunner, before: set[int]) -> list[Watched]:
-    """The main process and those running the runner's sub-envs (``before``: this process's
-    descendants before the runner was built)."""
+def watched_processes(runner: EnvRunner) -> list[Watched]:
+    """The main process and those running the runner's sub-envs."""
     main = [Watched("main", psutil.Process())]
     vectorize = runner.config.vectorize
     if vectorize == "subprocess":
-        workers = _started_env_workers(before)
-        if len(workers) != runner.config.num_workers:
-            raise RuntimeError(
-                f"memory: found {len(workers)} env worker processes "
-                f"({[p.pid for p in workers]}), expected num_workers={runner.config.num_workers}"
-            )
+        workers = [psutil.Process(pid) for pid in runner.env.worker_pids]
         return main + [Watched(f"env worker {i}", p) for i, p in enumerate(workers)]
     if vectorize == "ray":
         pids = _ray_actor_pids(runner)
@@ -199,10 +178,9 @@ def measure_backend(
     clock = perf_counter()
     # Ray: a local Ray with 2 CPUs, shut down after; one already connected is used and left running.
     with ray_session(num_cpus=2) if backend == "ray" else nullcontext():
-        before = {p.pid for p in psutil.Process().children(recursive=True)}
         runner = EnvRunner(config)
         try:
-            watched = watched_processes(runner, before)
+            watched = watched_processes(runner)
             result = sample_and_watch(
                 runner, watched, start_steps=start_steps, end_steps=end_steps,
                 every_steps=every_steps, progress=progress,

@@ -164,10 +164,12 @@ def test_dead_worker_is_recreated_when_restarts_are_on():
             vec.send_actions(dict.fromkeys(range(4), ACT))
             obs, *_ = vec.poll()
         assert isinstance(obs[1], EnvError)
-        old_pid = vec._workers[0].process.pid
+        old_pids = vec.worker_pids
+        assert len(set(old_pids)) == 2 and os.getpid() not in old_pids
         assert set(vec.try_reset(1)[0]) == {"a0", "a1"}
         assert set(vec.try_reset(0)[0]) == {"a0", "a1"}
-        assert vec._workers[0].process.pid != old_pid
+        new_pids = vec.worker_pids
+        assert new_pids[0] != old_pids[0] and new_pids[1] == old_pids[1]  # only worker 0 died
         vec.send_actions(dict.fromkeys(range(4), ACT))
         assert all(isinstance(o, dict) for o in vec.poll()[0].values())
 

@@ -149,5 +149,5 @@ def test_one_growing_worker_fails_the_backend_even_when_the_sum_stays_under_the_
 def test_sync_watches_only_the_main_process() -> None:
     config = Settings.for_smoke().config(get_workload("cheap"))
     with EnvRunner(config) as runner:
-        (main_process,) = watched_processes(runner, before=set())
+        (main_process,) = watched_processes(runner)
     assert main_process.role == "main" and main_process.process.pid == os.getpid()

@@ -316,6 +316,12 @@ class SubprocessVectorEnv(BaseEnv):
             self._probe_env = None
 
     @property
+    def worker_pids(self) -> list[int]:
+        """Each worker's process id, by worker index (a restarted worker's new one), for
+        tools that watch the workers (their memory, their CPU)."""
+        return [worker.process.pid for worker in self._workers]
+
+    @property
     def possible_agents(self) -> list[AgentID]:
         return list(self._probe().possible_agents)
 
