@@ -154,8 +154,10 @@ def test_lstm_sequences_reproduce_the_stored_logp_and_carry_gradients_through_ti
     changed["obs"][row] += 1.0
     _, _, unrolled = policy.evaluate(changed, seq_lens=seq_lens)
     _, _, per_row = policy.evaluate(changed)
-    assert not np.isclose(float(unrolled[row + 1]), float(batch["vf_preds"][row + 1]), atol=1e-6)
-    assert np.isclose(float(per_row[row + 1]), float(batch["vf_preds"][row + 1]), atol=1e-5)
+    assert not np.isclose(
+        unrolled[row + 1].item(), float(batch["vf_preds"][row + 1]), atol=1e-6
+    )
+    assert np.isclose(per_row[row + 1].item(), float(batch["vf_preds"][row + 1]), atol=1e-5)
 
 
 def test_seq_lens_must_cover_the_rows() -> None:
