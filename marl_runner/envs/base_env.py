@@ -14,7 +14,10 @@ logger = logging.getLogger(__name__)
 
 EnvID = int
 MultiEnvDict = dict[EnvID, Any]
-PollResult = tuple[
+#: What ``BaseEnv.poll`` returns: six dicts by position (obs, rewards, terminateds,
+#: truncateds, infos, off-policy actions), each ``env_id -> agent_id -> value``; the
+#: runner reads them by name as a ``marl_runner.sampling.env_output.PollResult``.
+PollDicts = tuple[
     MultiEnvDict, MultiEnvDict, MultiEnvDict, MultiEnvDict, MultiEnvDict, MultiEnvDict
 ]
 
@@ -32,7 +35,7 @@ class BaseEnv(abc.ABC):
     num_envs: int
 
     @abc.abstractmethod
-    def poll(self) -> PollResult:
+    def poll(self) -> PollDicts:
         """`(obs, rewards, terminateds, truncateds, infos, off_policy_actions)`
         of the sub-envs that have data ready; the first poll returns every
         sub-env's reset obs (empty rewards, `"__all__"` flags False)."""
@@ -127,7 +130,7 @@ class ResetSeeds:
 
 
 def put_reset(
-    poll: PollResult, env_id: EnvID, obs: MultiAgentDict | Exception, infos: MultiAgentDict
+    poll: PollDicts, env_id: EnvID, obs: MultiAgentDict | Exception, infos: MultiAgentDict
 ) -> None:
     """Enter a sub-env's reset obs into a poll result (a failed reset ends it at once)."""
     poll[0][env_id] = obs
@@ -138,7 +141,7 @@ def put_reset(
     poll[5][env_id] = {}
 
 
-def put_failure(poll: PollResult, env_id: EnvID, error: Exception) -> None:
+def put_failure(poll: PollDicts, env_id: EnvID, error: Exception) -> None:
     """Enter a crashed sub-env into a poll result: its obs is the Exception."""
     put_reset(poll, env_id, error, {})
 

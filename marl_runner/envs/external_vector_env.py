@@ -8,7 +8,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from marl_runner.envs.base_env import BaseEnv, EnvID, PollResult, put_failure
+from marl_runner.envs.base_env import BaseEnv, EnvID, PollDicts, put_failure
 from marl_runner.envs.errors import EnvError
 from marl_runner.envs.external_env import ExternalMultiAgentEnv
 from marl_runner.envs.external_episodes import EpisodeBoard
@@ -66,7 +66,7 @@ class ExternalVectorEnv(BaseEnv):
         # Set by a poll that began after `stop_episodes` and found nothing left.
         self.drained = False
 
-    def poll(self) -> PollResult:
+    def poll(self) -> PollDicts:
         """Every slot's waiting step (one per slot) and every slot whose episode timed out."""
         if self._thread is None:
             self._start_run_thread()
@@ -75,7 +75,7 @@ class ExternalVectorEnv(BaseEnv):
             raise EnvError(
                 f"{type(self.env).__name__}.run() raised {type(error).__name__}: {error}"
             ) from error
-        poll: PollResult = ({}, {}, {}, {}, {}, {})
+        poll: PollDicts = ({}, {}, {}, {}, {}, {})
         obs, rewards, terminateds, truncateds, infos, off_policy_actions = poll
         stopped_before = self._episodes_stopped
         steps, failures = self.board.take_ready(POLL_WAIT_S)

@@ -10,7 +10,7 @@ import gymnasium as gym
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
-from marl_runner.envs.base_env import BaseEnv, EnvID, PollResult, ResetSeeds, put_failure, put_reset
+from marl_runner.envs.base_env import BaseEnv, EnvID, PollDicts, ResetSeeds, put_failure, put_reset
 from marl_runner.envs.checks import check_reset_result, check_step_result
 from marl_runner.envs.errors import EnvError
 from marl_runner.envs.multi_agent_env import AgentID, MultiAgentDict, MultiAgentEnv
@@ -163,8 +163,8 @@ class RayVectorEnv(BaseEnv):
 
     # ------------------------------------------------------------------ the protocol
 
-    def poll(self) -> PollResult:
-        poll: PollResult = ({}, {}, {}, {}, {}, {})
+    def poll(self) -> PollDicts:
+        poll: PollDicts = ({}, {}, {}, {}, {}, {})
         if not self._started:
             self._started = True
             for env_id in range(self.num_envs):
@@ -284,7 +284,7 @@ class RayVectorEnv(BaseEnv):
         oldest = min(start for _, _, start in self._pending.values())
         return max(oldest + self._step_timeout_s - time.perf_counter(), 0.0)
 
-    def _time_out_overdue(self, poll: PollResult) -> None:
+    def _time_out_overdue(self, poll: PollDicts) -> None:
         """Fail the requests older than the step timeout, except those still waiting
         for their actor to start: their clock starts again (start-up is no step)."""
         if self._step_timeout_s is None:
@@ -319,7 +319,7 @@ class RayVectorEnv(BaseEnv):
             self._booting[env_id] = booting
         return True
 
-    def _enter(self, poll: PollResult, env_id: EnvID, kind: str, ref: ray.ObjectRef) -> None:
+    def _enter(self, poll: PollDicts, env_id: EnvID, kind: str, ref: ray.ObjectRef) -> None:
         self._booting.pop(env_id, None)  # it answered: it is up
         try:
             result = ray.get(ref, timeout=0)
@@ -353,7 +353,7 @@ def _as_env_failure(env_id: EnvID, kind: str, error: Exception) -> Exception:
     return EnvError(f"sub-env {env_id}: its Ray actor died during {kind}: {error}")
 
 
-def _sorted_by_env(poll: PollResult) -> PollResult:
+def _sorted_by_env(poll: PollDicts) -> PollDicts:
     """Entries in env_id order, as SyncVectorEnv gives them (rows of a round stay ordered)."""
     if len(poll[0]) < 2:
         return poll

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from marl_runner.envs.base_env import EnvID, PollResult, put_failure, put_reset
+from marl_runner.envs.base_env import EnvID, PollDicts, put_failure, put_reset
 from marl_runner.envs.errors import EnvError
 from marl_runner.envs.multi_agent_env import MultiAgentDict
 from marl_runner.envs.shared_obs import SharedObs, SharedObsReader
@@ -21,7 +21,7 @@ class Replies:
     def __init__(self, restarts: RestartBook) -> None:
         self.restarts = restarts
         #: Results read but not yet returned by `poll`.
-        self.ready: PollResult = empty_poll()
+        self.ready: PollDicts = empty_poll()
         #: Reset results (obs already copied out) sent with an episode's last step.
         self.prefetched: dict[EnvID, Any] = {}
         #: Replies to reset requests, until `try_reset` takes them.
@@ -30,7 +30,7 @@ class Replies:
         #: poll raises the first in the round's order.
         self.bad_output: dict[EnvID, EnvError] = {}
 
-    def take(self, order: Iterable[EnvID] | None = None) -> PollResult:
+    def take(self, order: Iterable[EnvID] | None = None) -> PollDicts:
         """This round's results (sub-envs in `order` if given, whatever order their
         replies came in); raises the bad output found instead (keeping the results)."""
         if self.bad_output:
@@ -156,7 +156,7 @@ def _attach_if_new(reader: SharedObsReader, block_name: str | None) -> None:
         reader.attach(block_name)
 
 
-def in_order(poll: PollResult, order: Iterable[EnvID]) -> PollResult:
+def in_order(poll: PollDicts, order: Iterable[EnvID]) -> PollDicts:
     """`poll` with its sub-envs in `order` (those not in it last, as they were)."""
     keys = list(poll[0])
     wanted = [env_id for env_id in order if env_id in poll[0]]
@@ -167,5 +167,5 @@ def in_order(poll: PollResult, order: Iterable[EnvID]) -> PollResult:
     return tuple({env_id: part[env_id] for env_id in keys} for part in poll)
 
 
-def empty_poll() -> PollResult:
+def empty_poll() -> PollDicts:
     return ({}, {}, {}, {}, {}, {})

@@ -15,7 +15,7 @@ import gymnasium as gym
 from marl_runner.envs.base_env import (
     BaseEnv,
     EnvID,
-    PollResult,
+    PollDicts,
     ResetSeeds,
     close_quietly,
 )
@@ -209,7 +209,7 @@ class SubprocessVectorEnv(BaseEnv):
         stats, self.stats = self.stats, SubprocessStats()
         return stats
 
-    def poll(self) -> PollResult:
+    def poll(self) -> PollDicts:
         if self._to_start:
             while self._to_start:
                 worker = self._to_start[0]

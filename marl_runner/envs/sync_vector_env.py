@@ -10,7 +10,7 @@ import gymnasium as gym
 from marl_runner.envs.base_env import (
     BaseEnv,
     EnvID,
-    PollResult,
+    PollDicts,
     ResetSeeds,
     close_quietly,
     put_failure,
@@ -79,10 +79,10 @@ class SyncVectorEnv(BaseEnv):
         #: Sub-envs whose first reset is still to come (all of them until the first poll).
         self._unstarted = list(range(num_envs))
         #: Results of this round read so far (kept when `poll` is interrupted).
-        self._ready: PollResult = ({}, {}, {}, {}, {}, {})
+        self._ready: PollDicts = ({}, {}, {}, {}, {}, {})
         self._stopped = False
 
-    def poll(self) -> PollResult:
+    def poll(self) -> PollDicts:
         ready = self._ready
         bad_output: EnvError | None = None
         unstarted = self._unstarted
@@ -190,7 +190,7 @@ class SyncVectorEnv(BaseEnv):
         env_id: EnvID,
         seed: int | None,
         options: dict[str, Any] | None,
-        ready: PollResult | None = None,
+        ready: PollDicts | None = None,
     ) -> tuple[MultiAgentDict | Exception, MultiAgentDict]:
         """Reset one sub-env (recreating it first if it crashed); a failure is the obs.
 
@@ -215,7 +215,7 @@ class SyncVectorEnv(BaseEnv):
             raise
         return obs, infos
 
-    def _fail(self, ready: PollResult, env_id: EnvID, error: Exception) -> None:
+    def _fail(self, ready: PollDicts, env_id: EnvID, error: Exception) -> None:
         self._note_crash(env_id)
         put_failure(ready, env_id, error)
 

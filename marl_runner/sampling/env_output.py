@@ -42,7 +42,8 @@ class SubEnvOutput(NamedTuple):
 
 
 class PollResult(NamedTuple):
-    """``BaseEnv.poll()``'s six dicts, each ``env_id -> agent_id -> value``.
+    """``BaseEnv.poll()``'s six dicts (``PollDicts``, by position) by name, each
+    ``env_id -> agent_id -> value``.
 
     A failed sub-env's ``obs`` entry is its Exception (see ``BaseEnv``).
     """

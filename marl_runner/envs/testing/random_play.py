@@ -15,7 +15,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from marl_runner.envs.base_env import BaseEnv, EnvID, PollResult
+from marl_runner.envs.base_env import BaseEnv, EnvID, PollDicts
 from marl_runner.envs.errors import EnvError
 from marl_runner.envs.multi_agent_env import AgentID, MultiAgentDict, MultiAgentEnv
 
@@ -109,7 +109,7 @@ def play_episode(
 
 def play_vector_env(
     vector_env: BaseEnv, num_rounds: int, rng_seed: int = 0, max_reset_tries: int = 3
-) -> list[tuple[PollResult, dict[EnvID, tuple[MultiAgentDict | Exception, MultiAgentDict]]]]:
+) -> list[tuple[PollDicts, dict[EnvID, tuple[MultiAgentDict | Exception, MultiAgentDict]]]]:
     """Drive a vector env like a runner would, with random legal actions.
 
     Each round polls, resets every sub-env whose episode ended (or crashed)
