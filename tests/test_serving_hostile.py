@@ -283,7 +283,8 @@ def test_bodies_beyond_the_memory_budget_wait_then_get_503_with_retry_after(monk
     monkeypatch.setattr(server_module, "BODY_WAIT_S", 0.2)
     with served(max_bytes_in_flight=1000) as handle:
         budget = handle.server.body_budget
-        held = budget.reserve(1000, 1.0)
+        held = budget.open(1000)
+        assert held.grow_to(1000, 1.0)
         host, port = handle.server.server_address_tuple()
         import http.client
 
@@ -293,7 +294,7 @@ def test_bodies_beyond_the_memory_budget_wait_then_get_503_with_retry_after(monk
         answer = json.loads(response.read())
         assert response.status == 503 and response.getheader("Retry-After") == "1", answer
         assert "retry" in answer["error"]
-        budget.release(held)
+        held.close()
         # The refused body was read and dropped: the same connection serves the retry.
         connection.request("POST", "/v1/start_episode", b"{}", {"Content-Type": codec.JSON})
         response = connection.getresponse()

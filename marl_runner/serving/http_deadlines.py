@@ -68,7 +68,8 @@ class DeadlineReader(io.RawIOBase):
 
     Between requests only the idle timeout applies (per `recv`, as before).
     `expect_request()` arms the next request: its first byte received starts
-    the head's fixed deadline; `expect_body()` sets the body's pace. A `recv`
+    the head's fixed deadline; `expect_body()` sets the body's pace (`excuse()`
+    moves it on by time the server made the body wait). A `recv`
     past due, or one that stalls for the idle timeout within a request,
     raises `RequestTimedOut` and sets `timed_out`; a head still unfinished
     after `MAX_HEAD_BYTES` raises `HeadTooLarge`.
@@ -97,6 +98,11 @@ class DeadlineReader(io.RawIOBase):
         """From now, the body must arrive at `min_body_rate` after a `request_timeout_s` start."""
         self._armed = self._in_head = False
         self._pace = _Pace(self.request_timeout_s, self.min_body_rate)
+
+    def excuse(self, seconds: float) -> None:
+        """Moves the body's deadline `seconds` later: the server made it wait (for memory)."""
+        if self._pace is not None:
+            self._pace.began += seconds
 
     def readinto(self, buffer: memoryview | bytearray) -> int:
         pace = self._pace

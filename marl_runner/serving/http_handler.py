@@ -16,14 +16,16 @@ import hmac
 import io
 import logging
 import socket
+import time
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Protocol
 
 from marl_runner.envs.external_episodes import ExternalEnvStopped
 from marl_runner.serving import codec
+from marl_runner.serving.body_memory import READ_STEP, BodyBudget, BodyReservation
 from marl_runner.serving.http_deadlines import DeadlineReader, DeadlineWriter, HeadTooLarge
-from marl_runner.serving.http_pool import BodyBudget, PooledHTTPServer, release_free_memory
+from marl_runner.serving.http_pool import PooledHTTPServer, release_free_memory
 
 logger = logging.getLogger(__name__)
 
@@ -163,42 +165,36 @@ class PolicyRequestHandler(BaseHTTPRequestHandler):
             if length is None:
                 return
             factor = JSON_MEMORY_FACTOR if content_type == codec.JSON else BINARY_MEMORY_FACTOR
-            reserved = server.body_budget.reserve(length * factor, server.body_wait_s)
-            if reserved is None:
-                # Read and drop the body so the client, still sending it, gets to read the 503.
-                self._reader.expect_body()
-                if self._discard_body(length):
-                    payload = codec.encode({"error": f"the server is decoding "
-                                            f"{server.body_budget.in_flight} bytes' worth of other "
-                                            "bodies; retry in a moment", "type": "HTTPError"},
-                                           content_type)
-                    self._send_bytes(HTTPStatus.SERVICE_UNAVAILABLE, payload, content_type,
-                                     {"Retry-After": "1"})
-                return
+            reservation = server.body_budget.open(length * factor)
             try:
-                self._answer(server, method, content_type, length)
+                self._answer(server, method, content_type, length, reservation)
             finally:
-                server.body_budget.release(reserved)
+                reservation.close()
                 if length >= TRIM_AFTER_BYTES:
                     release_free_memory()
         elif self._declares_body():
             self._refuse(HTTPStatus.BAD_REQUEST, "a GET takes no body: send it without "
                          "Content-Length (or with 0) and without Transfer-Encoding", content_type)
         else:
-            self._answer(server, method, content_type, None)
+            self._answer(server, method, content_type, 0, None)
 
     def _answer(
-        self, server: PolicyEndpoint, method: str, content_type: str, length: int | None
+        self, server: PolicyEndpoint, method: str, content_type: str, length: int,
+        reservation: BodyReservation | None,
     ) -> None:
-        """Reads the body (if any), runs the call and sends its answer; errors become statuses."""
-        body = None
-        if length is not None:
-            self._reader.expect_body()  # from now: the wait for memory was not the client's
-            raw = self._read_body(length)
+        """Reads a body of `length` bytes (if `reservation`) as the reservation grows, reserves
+        its decoding cost, runs the call and sends its answer; errors become statuses."""
+        body = raw = None
+        if reservation is not None:
+            raw = self._read_body(length, reservation, server)
             if raw is None:
                 return
+            if not self._reserve(reservation, reservation.claim, server):
+                del raw  # freed before waiting for the client to read the 503
+                self._refuse_no_room(server, content_type, 0)
+                return
         try:
-            if length is not None:
+            if raw is not None:
                 if content_type == codec.JSON:
                     raw = codec.json_text(raw)  # the bytes are freed before parsing
                 body = codec.decode(raw, content_type)
@@ -306,25 +302,55 @@ class PolicyRequestHandler(BaseHTTPRequestHandler):
         text = texts.pop() if len(texts) == 1 else ""
         return int(text) if text.isascii() and text.isdigit() else None
 
-    def _read_body(self, length: int) -> bytearray | None:
-        """`length` bytes read into one buffer (no second copy); None if the client went away."""
-        raw = bytearray(length)
-        view = memoryview(raw)
-        received = 0
+    def _read_body(
+        self, length: int, reservation: BodyReservation, server: PolicyEndpoint
+    ) -> bytearray | None:
+        """`length` bytes read into one buffer, each `READ_STEP` only once `reservation` covers
+        it; None if the client went away, missed its deadline, or no room came in time (503)."""
+        self._reader.expect_body()
+        raw = bytearray()
         try:
-            while received < length:
-                count = self.rfile.readinto(view[received:])
-                if not count:
+            while len(raw) < length:
+                wanted = min(length - len(raw), READ_STEP)
+                if not self._reserve(reservation, len(raw) + wanted, server):
+                    left = length - len(raw)
+                    del raw
+                    reservation.close()  # nothing held while the rest is read and dropped
+                    self._refuse_no_room(server, self._content_type(), left)
+                    return None
+                chunk = self.rfile.read(wanted)
+                raw += chunk
+                if len(chunk) < wanted:
                     break
-                received += count
         except (TimeoutError, OSError):
-            received = -1
-        finally:
-            view.release()
-        if received != length:
+            pass
+        if len(raw) != length:
             self.close_connection = True  # the client went away mid-body
             return None
         return raw
+
+    def _reserve(self, reservation: BodyReservation, nbytes: int, server: PolicyEndpoint) -> bool:
+        """Grows `reservation` to `nbytes`, waiting at most `body_wait_s`; the wait is the
+        server's, not the client's, so the body's deadline moves on by it."""
+        began = time.monotonic()
+        granted = reservation.grow_to(nbytes, server.body_wait_s)
+        self._reader.excuse(time.monotonic() - began)
+        return granted
+
+    def _refuse_no_room(self, server: PolicyEndpoint, content_type: str, left: int) -> None:
+        """503 with `Retry-After` to a body that found no room in the memory budget in time:
+        logged once; the `left` bytes still unread are read and dropped first, so that the
+        client, maybe still sending them, gets to read the answer."""
+        budget = server.body_budget
+        logger.info("refusing a body from %s: no room in the memory budget within %g s (%d so "
+                    "far)", self.client_address[0], server.body_wait_s, budget.refused)
+        if left and not self._discard_body(left):
+            return
+        payload = codec.encode({"error": f"the server is decoding {budget.in_flight} bytes' "
+                                "worth of other bodies; retry in a moment", "type": "HTTPError"},
+                               content_type)
+        self._send_bytes(HTTPStatus.SERVICE_UNAVAILABLE, payload, content_type,
+                         {"Retry-After": "1"})
 
     def _discard_body(self, length: int) -> bool:
         """Reads `length` body bytes into a small buffer, keeping none; False if the client left."""

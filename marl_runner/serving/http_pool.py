@@ -1,4 +1,4 @@
-"""Bounded capacity for the policy server: a worker pool, a deep backlog, a body-memory budget.
+"""Bounded capacity for the policy server: a worker pool and a deep backlog.
 
 `ThreadingHTTPServer` starts one thread per connection and listens with a
 backlog of 5: 2,000 open connections mean 2,000 threads, and 64 clients
@@ -231,37 +231,6 @@ class PooledHTTPServer(HTTPServer):
                 with self._lock:
                     self._idle += 1
                 self._free.release()
-
-
-class BodyBudget:
-    """Bytes of request bodies in flight (weighted by their decoding cost), bounded.
-
-    Each request reserves an estimate of the memory its body takes while it
-    is decoded and checked; a reservation waits for room, and one larger than
-    the whole budget waits until it runs alone.
-    """
-
-    def __init__(self, max_bytes: int) -> None:
-        if max_bytes < 1:
-            raise ValueError(f"max_bytes {max_bytes!r}: expected an int >= 1")
-        self.max_bytes = max_bytes
-        self.in_flight = 0
-        self._room = threading.Condition()
-
-    def reserve(self, nbytes: int, timeout_s: float) -> int | None:
-        """Reserves `nbytes` (capped at the budget); None when no room came within `timeout_s`."""
-        nbytes = min(max(nbytes, 0), self.max_bytes)
-        with self._room:
-            if not self._room.wait_for(lambda: self.in_flight + nbytes <= self.max_bytes, timeout_s):
-                return None
-            self.in_flight += nbytes
-        return nbytes
-
-    def release(self, nbytes: int) -> None:
-        """Gives back a reservation made by `reserve`."""
-        with self._room:
-            self.in_flight -= nbytes
-            self._room.notify_all()
 
 
 def _load_malloc_trim() -> Any:

@@ -39,6 +39,7 @@ from marl_runner.config import space_to_spec
 from marl_runner.envs.external_episodes import ExternalEnvStopped
 from marl_runner.envs.external_vector_env import ExternalVectorEnv
 from marl_runner.serving.batches import batch_from_value
+from marl_runner.serving.body_memory import BodyBudget
 from marl_runner.serving.http_deadlines import MIN_BODY_RATE, REQUEST_TIMEOUT_S
 from marl_runner.serving.http_handler import (
     API_PREFIX,
@@ -47,7 +48,6 @@ from marl_runner.serving.http_handler import (
     PolicyHTTPServer,
     PolicyRequestHandler,
 )
-from marl_runner.serving.http_pool import BodyBudget
 from marl_runner.serving.state_sync import StateSync
 from marl_runner.serving.validation import (
     RequestError,
