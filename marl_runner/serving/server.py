@@ -105,8 +105,8 @@ class PolicyServer:
     `max_workers` threads serve connections (default: `MIN_WORKERS`, or
     2 * num_envs + 16 when that is more, so every episode slot can have a
     waiting caller). `max_bytes_in_flight` bounds the estimated memory of the
-    bodies being decoded at once (default: 4 * `max_body_bytes`, at least
-    256 MB). A keep-alive connection without a request for `idle_timeout_s`
+    bodies in flight, reserved as they arrive (`body_memory`; default:
+    4 * `max_body_bytes`, at least 256 MB). A keep-alive connection without a request for `idle_timeout_s`
     is closed, freeing its worker. A request's line and headers must arrive
     within `request_timeout_s` of its first byte, and its body (and each
     answer) must keep `min_body_rate` bytes/s after a `request_timeout_s`
