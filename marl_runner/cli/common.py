@@ -186,6 +186,16 @@ def add_metrics_out_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def prepare_outputs(args: argparse.Namespace, config: RunnerConfig) -> MetricsLogWriter | None:
+    """What a sampling command writes to, readied before any env is built: ``--out``
+    checked and holding the config, the ``--metrics-out`` log opened (None without it)."""
+    if args.out is not None:
+        prepare_out_dir(args.out, config)
+    if args.metrics_out is None:
+        return None
+    return open_metrics_log(args.metrics_out, args.metrics_interval)
+
+
 def open_metrics_log(path: Path, interval_s: float) -> MetricsLogWriter:
     """The ``--metrics-out`` log, opened before any env is built so that an unusable
     path is a one-line error, not a traceback after minutes of sampling."""

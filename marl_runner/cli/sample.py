@@ -23,9 +23,8 @@ from marl_runner.cli.common import (
     describe,
     load_config,
     non_negative_int,
-    open_metrics_log,
     positive_int,
-    prepare_out_dir,
+    prepare_outputs,
 )
 from marl_runner.cli.display import print_run_summary
 from marl_runner.config import RunnerConfig
@@ -111,11 +110,7 @@ def run_sample(args: argparse.Namespace) -> int:
     else:
         unit, target = config.count_steps_by, config.num_envs * config.rollout_fragment_length
     num_runners = config.num_runners if args.runners is None else args.runners
-    if args.out is not None:
-        prepare_out_dir(args.out, config)
-    metrics_log = None
-    if args.metrics_out is not None:
-        metrics_log = open_metrics_log(args.metrics_out, args.metrics_interval)
+    metrics_log = prepare_outputs(args, config)
     with metrics_log or contextlib.nullcontext():
         return _sample(args, config, unit, target, num_runners, metrics_log)
 

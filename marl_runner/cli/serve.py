@@ -43,9 +43,8 @@ from marl_runner.cli.common import (
     check_imports,
     describe,
     load_config,
-    open_metrics_log,
     positive_int,
-    prepare_out_dir,
+    prepare_outputs,
 )
 from marl_runner.cli.display import ProgressReporter, SampleCounts, make_progress, print_run_summary
 from marl_runner.config import RunnerConfig
@@ -178,11 +177,7 @@ def run_serve(args: argparse.Namespace) -> int:
             f"--host {args.host} is not a loopback address: give a shared token with --token "
             f"or ${TOKEN_ENV_VAR}"
         )
-    if args.out is not None:
-        prepare_out_dir(args.out, config)
-    metrics_log = None
-    if args.metrics_out is not None:
-        metrics_log = open_metrics_log(args.metrics_out, args.metrics_interval)
+    metrics_log = prepare_outputs(args, config)
     with metrics_log or contextlib.nullcontext():
         return _serve(args, config, token, console, metrics_log)
 
