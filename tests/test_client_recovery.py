@@ -7,11 +7,12 @@ import signal
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import numpy as np
 import pytest
+from helpers_http_stub import serving_on_loopback
 from helpers_serve_process import free_port, serve_process
 
 from marl_runner import EnvRunner, RunnerConfig
@@ -129,16 +130,8 @@ class _Stub(BaseHTTPRequestHandler):
 @contextmanager
 def stub(script: list[Any]) -> Iterator[str]:
     _Stub.script, _Stub.seen = list(script), []
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Stub)
-    httpd.daemon_threads = True
-    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join(5)
+    with serving_on_loopback(_Stub) as address:
+        yield address
 
 
 def test_get_is_retried_after_a_dropped_connection_post_is_not():

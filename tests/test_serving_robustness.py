@@ -9,11 +9,12 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers_http_stub import serving_on_loopback
 
 from marl_runner import EnvRunner
 from marl_runner.cli import main
@@ -116,16 +117,8 @@ class _ClosesWhileIdle(BaseHTTPRequestHandler):
 @contextmanager
 def closes_while_idle() -> Iterator[str]:
     _ClosesWhileIdle.seen = []
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _ClosesWhileIdle)
-    httpd.daemon_threads = True
-    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join(5)
+    with serving_on_loopback(_ClosesWhileIdle) as address:
+        yield address
 
 
 def test_a_kept_alive_connection_the_server_closed_is_retried_once_even_with_retries_0():
