@@ -42,6 +42,7 @@ import numpy as np
 import torch
 from rich.console import Console
 
+from benchmarks.machine_load import other_cpus, take_sample
 from benchmarks.measure import Settings, compare_workload, subprocess_speedup
 from benchmarks.memory_backends import (
     MEMORY_BACKENDS,
@@ -300,9 +301,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         console.width = 120  # logs and CI: do not squeeze the tables into 80 columns
     progress = (lambda msg: console.log(msg)) if not args.json else (lambda msg: None)
     started = time.perf_counter()
+    load_start = take_sample()
     report: dict[str, Any] = {"meta": _meta(args, settings), "workloads": []}
     report.update(_measure(args, names, settings, progress))
     report["total_s"] = time.perf_counter() - started
+    report["meta"]["other_cpus"] = other_cpus(load_start, take_sample())
     print_report(console, report)
     text = json.dumps(report, indent=2, default=str)
     if args.output is not None:

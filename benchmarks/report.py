@@ -7,6 +7,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from benchmarks.machine_load import load_note
+
 PERF_COLUMNS = (
     ("mean_env_wait_ms", "env wait"),
     ("mean_raw_obs_processing_ms", "obs proc."),
@@ -311,5 +313,9 @@ def print_report(console: Console, report: dict[str, Any]) -> None:
         f"torch threads {meta['torch_threads']}, {meta['cpu_count']} CPUs, "
         f"{meta['duration_s']} s x {meta['repeats']} windows after {meta['warmup_s']} s warm-up"
         f"{' (smoke: numbers mean nothing)' if meta['smoke'] else ''}; "
-        f"total {report['total_s']:.1f} s"
+        f"total {report['total_s']:.1f} s; other processes used "
+        f"{meta['other_cpus']:.2f} CPUs on average"
     )
+    note = load_note(meta["other_cpus"], meta["cpu_count"])
+    if note is not None:
+        console.print(f"[bold yellow]warning:[/] {note}")
