@@ -42,18 +42,20 @@ class RolloutMetrics(NamedTuple):
     @classmethod
     def of_episode(cls, episode: Any, perf_stats: dict | None = None) -> RolloutMetrics:
         """The record of an ended episode; a faulty one reports no rewards."""
-        agent_rewards = {} if episode.faulty else episode.agent_rewards
-        return cls(
-            episode_length=episode.length,
-            episode_reward=float(sum(agent_rewards.values())),
-            agent_rewards=agent_rewards,
-            custom_metrics=dict(episode.custom_metrics),
-            perf_stats=perf_stats or {},
-            hist_data=dict(episode.hist_data),
-            media=dict(episode.media),
-            connector_metrics={},
-            episode_faulty=episode.faulty,
-        )
+        faulty = episode.faulty
+        agent_rewards = {} if faulty else episode.agent_rewards
+        # Positional, in field order: made once per episode, and keywords cost more.
+        return cls._make((
+            episode.length,
+            float(sum(agent_rewards.values())),
+            agent_rewards,
+            dict(episode.custom_metrics),
+            perf_stats or {},
+            dict(episode.hist_data),
+            dict(episode.media),
+            {},
+            faulty,
+        ))
 
 
 class PerfStats:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable
 from functools import partial
 from itertools import chain
 from operator import itemgetter
+from time import perf_counter
 from typing import Any
 
 from marl_runner.sampling.rewards import RewardLedger
@@ -68,8 +68,9 @@ class EpisodeLayout:
 
     def __init__(self, groups: dict[str, tuple[list, list]]) -> None:
         """``groups``: ``policy_id -> (agent ids, trajectory keys)``."""
-        self.shape = layout_shape(tuple((pid, tuple(ids)) for pid, (ids, _) in groups.items()))
-        self.group_keys = tuple(tuple(keys) for _, keys in groups.values())
+        # List comprehensions, not generators: made for every new layout of every episode.
+        self.shape = layout_shape(tuple([(pid, tuple(ids)) for pid, (ids, _) in groups.items()]))
+        self.group_keys = tuple([tuple(keys) for _, keys in groups.values()])
 
 
 def _rows_of(agent_ids: tuple) -> Callable[[Iterable[dict]], Iterable]:
@@ -94,12 +95,13 @@ class MultiAgentEpisode:
         env_id: int,
         map_agent: Callable[[Any, MultiAgentEpisode], str],
         live_reward_totals: Callable[[MultiAgentEpisode], dict[Any, float]] | None = None,
+        start_step: int = 0,
     ) -> None:
         self.episode_id = episode_id
         self.env_id = env_id
         self.length = 0
         # Env steps its sub-env had made when the episode was created (see env_t).
-        self.start_step = 0
+        self.start_step = start_step
         self.custom_metrics: dict[str, float] = {}
         self.hist_data: dict[str, list] = {}
         self.user_data: dict[str, Any] = {}
@@ -108,7 +110,7 @@ class MultiAgentEpisode:
         self.started = False
         # False: played and counted in the metrics, but no row of it reaches a batch.
         self.training_enabled = True
-        self.start_time = time.perf_counter()
+        self.start_time = perf_counter()
         self.slots: dict[Any, AgentSlot] = {}
         # Layouts by the agents that observe (in obs order), made by the general path; a
         # round whose obs agents match one takes the fast path. Cleared when an agent is done.
@@ -151,10 +153,17 @@ class MultiAgentEpisode:
         that never observed (so never had a policy)."""
         slots = self.slots
         totals = self._totals()
-        return {
-            (agent_id, slots[agent_id].policy_id if agent_id in slots else None): total
-            for agent_id, total in totals.items()
-        } | {(a, s.policy_id): 0.0 for a, s in slots.items() if a not in totals}
+        # One pass per dict (this runs once per ended episode): totals in their order, then
+        # observed agents the env never rewarded.
+        rewards = {}
+        for agent_id, total in totals.items():
+            slot = slots.get(agent_id)
+            rewards[agent_id, None if slot is None else slot.policy_id] = total
+        if not slots.keys() <= totals.keys():
+            for agent_id, slot in slots.items():
+                if agent_id not in totals:
+                    rewards[agent_id, slot.policy_id] = 0.0
+        return rewards
 
     @property
     def total_reward(self) -> float:

@@ -77,6 +77,9 @@ class EpisodeLifecycle:
         self._max_episode_steps = config.max_episode_steps
         self._warned_long_episode = False
         self._episode_ids = EpisodeIds()
+        # Bound once: every new episode takes them.
+        self._map_agent = policy_map.map_agent
+        self._live_reward_totals = key_table.live_reward_totals
         self.active: dict[int, MultiAgentEpisode] = {}
         self.awaiting_reset: set[int] = set()
         # Env steps each sub-env made since the runner started: a row's episode env step
@@ -215,12 +218,10 @@ class EpisodeLifecycle:
     # ---- helpers
 
     def _new_episode(self, env_id: int) -> MultiAgentEpisode:
-        episode = MultiAgentEpisode(
-            self._episode_ids.next(), env_id, self._policy_map.map_agent,
-            self._keys.live_reward_totals,
+        return MultiAgentEpisode(
+            self._episode_ids.next(), env_id, self._map_agent, self._live_reward_totals,
+            self._sub_env_steps.item(env_id),
         )
-        episode.start_step = int(self._sub_env_steps[env_id])
-        return episode
 
     def _create(self, env_id: int) -> MultiAgentEpisode:
         episode = self.active[env_id] = self._new_episode(env_id)

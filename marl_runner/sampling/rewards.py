@@ -110,6 +110,9 @@ class RewardLedger:
         ``born_done``: agents first seen already done, which get no row.
         """
         held = self.held
+        if not rewards and not held:
+            # Nothing given, nothing held (every reset round): each row carries 0.0.
+            return [0.0] * len(rows)
         for agent_id in born_done:
             held.pop(agent_id, None)
         with_row = {agent_id for agent_id, _ in rows}
