@@ -18,10 +18,11 @@ _MIN_CAPACITY = 256
 class ColumnBuffer:
     """Named columns of equal length; ``view()`` is the rows held, oldest first."""
 
-    __slots__ = ("size", "_arrays")
+    __slots__ = ("size", "_capacity", "_arrays")
 
     def __init__(self) -> None:
         self.size = 0
+        self._capacity = _MIN_CAPACITY  # rows every array holds (all grow together)
         self._arrays: dict[str, np.ndarray] = {}
 
     def append(self, columns: dict[str, Any], num_rows: int) -> None:
@@ -30,21 +31,19 @@ class ColumnBuffer:
         every row was done has no action side)."""
         start, stop = self.size, self.size + num_rows
         arrays = self._arrays
+        if stop > self._capacity:
+            self._capacity = max(2 * self._capacity, stop)
+            for name, array in arrays.items():
+                arrays[name] = _grown(array, start, self._capacity)
         for name, value in columns.items():
             array = arrays.get(name)
             if array is None:
                 value = np.asarray(value)
-                array = arrays[name] = np.zeros(
-                    (max(2 * stop, _MIN_CAPACITY),) + value.shape[1:], value.dtype
-                )
-            elif len(array) < stop:
-                array = arrays[name] = _grown(array, start, stop)
+                array = arrays[name] = np.zeros((self._capacity,) + value.shape[1:], value.dtype)
             array[start:stop] = value
         if len(columns) < len(arrays):
             for name, array in arrays.items():
                 if name not in columns:
-                    if len(array) < stop:
-                        array = arrays[name] = _grown(array, start, stop)
                     array[start:stop] = 0
         self.size = stop
 
@@ -65,8 +64,8 @@ class ColumnBuffer:
         self.size = 0
 
 
-def _grown(array: np.ndarray, used: int, needed: int) -> np.ndarray:
-    """``array`` with room for ``needed`` rows (at least double), its first ``used`` kept."""
-    grown = np.zeros((max(2 * len(array), needed),) + array.shape[1:], array.dtype)
+def _grown(array: np.ndarray, used: int, capacity: int) -> np.ndarray:
+    """``array`` with room for ``capacity`` rows, its first ``used`` kept."""
+    grown = np.zeros((capacity,) + array.shape[1:], array.dtype)
     grown[:used] = array[:used]
     return grown

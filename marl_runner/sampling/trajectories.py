@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from marl_runner.batch import SampleBatch
+from marl_runner.sampling.column_block import allocate_columns, take_rows
 from marl_runner.sampling.columns import ColumnBuffer
 from marl_runner.sampling.rewards import add_rewards_after_done
 
@@ -151,6 +152,8 @@ class PolicyTrajectories:
         selected = key_mask[row_keys]
         if selected.all():
             chosen, others = None, None
+        elif not selected.any():
+            return None, np.zeros(0, np.int64), np.zeros((0, 3), np.int64)
         else:
             chosen, others = np.flatnonzero(selected), np.flatnonzero(~selected)
             row_keys = row_keys[chosen]
@@ -160,71 +163,91 @@ class PolicyTrajectories:
         sorted_keys = row_keys[order]
         if chosen is not None:
             order = chosen[order]
-        same_as_next = sorted_keys[:-1] == sorted_keys[1:]
-        last_in_group = np.append(~same_as_next, True)
-        done = (columns["terminateds"] | columns["truncateds"])[order]
-
-        open_pos = np.flatnonzero(same_as_next)
-        close_pos = open_pos + 1
-        opening = order[open_pos]
-        closing = order[close_pos]
-        carry = order[last_in_group & ~done]
-        finished = sorted_keys[last_in_group & done]
-
-        batch = None
-        if len(open_pos):
-            transition_keys = sorted_keys[open_pos]
-            # Transitions that are the last of their trajectory in this batch.
-            segment_ends = np.flatnonzero(np.append(transition_keys[1:] != transition_keys[:-1], True))
-            batch = SampleBatch()
-            for name, column in columns.items():
-                if name == KEY_COLUMN:
-                    continue
-                # np.take: several times faster than fancy indexing for rows of arrays.
-                if name in CLOSING_COLUMNS:
-                    batch[name] = np.take(column, closing, axis=0)
-                elif name in PAIRED_COLUMNS:
-                    batch[name] = opened = np.take(column, opening, axis=0)
-                    batch[PAIRED_COLUMNS[name]] = _closing_of_pairs(
-                        opened, column, closing, segment_ends
-                    )
-                else:
-                    batch[name] = np.take(column, opening, axis=0)
+        # Each key's rows are one group; all but a group's last row open a transition.
+        opens = sorted_keys[:-1] == sorted_keys[1:]
+        group_ends = np.append(np.flatnonzero(~opens), len(order) - 1)
+        last_rows = order[group_ends]
+        done = columns["terminateds"][last_rows] | columns["truncateds"][last_rows]
+        carry = last_rows[~done]
+        finished = sorted_keys[group_ends[done]]
         # The last row of each unfinished trajectory (and every row not built) stays.
-        self.rows.keep(carry if others is None else np.sort(np.concatenate([carry, others])))
-        if batch is None:
+        keep = carry if others is None else np.sort(np.concatenate([carry, others]))
+        if not opens.any():
+            self.rows.keep(keep)
             return None, finished, np.zeros((0, 3), np.int64)
 
-        batch["eps_id"] = keys.eps_id[transition_keys]
-        batch["env_id"] = keys.env_id[transition_keys]
-        batch["agent_index"] = keys.agent_index[transition_keys]
-        batch["agent_id"] = _agent_id_strings(keys.agent_id, transition_keys, segment_ends)
-        batch["unroll_id"] = np.full(len(open_pos), unroll_id, np.int64)
-        if "state_in_0" in batch:
-            batch["seq_lens"] = np.ones(len(open_pos), np.int32)
-        _add_rewards_after_done(batch, transition_keys, (last_in_group & done)[close_pos], keys)
-        return batch, finished, _segments(transition_keys)
+        # Per trajectory with transitions (a segment of the batch): key, length, last row.
+        group_sizes = np.diff(group_ends, prepend=-1)
+        with_transitions = group_sizes > 1
+        segment_keys = sorted_keys[group_ends[with_transitions]]
+        runs = group_sizes[with_transitions] - 1
+        segment_ends = np.cumsum(runs) - 1
+        opening = order[:-1][opens]
+        closing = order[1:][opens]
+        agent_ids = keys.agent_id[segment_keys].astype(str)  # str() once per trajectory
+        batch = SampleBatch(
+            allocate_columns(_batch_layout(columns, agent_ids.dtype), len(opening))
+        )
+        for name, column in columns.items():
+            if name == KEY_COLUMN:
+                continue
+            rows = closing if name in CLOSING_COLUMNS else opening
+            batch[name] = opened = take_rows(column, rows, batch[name])
+            if name in PAIRED_COLUMNS:
+                twin = PAIRED_COLUMNS[name]
+                batch[twin] = _closing_of_pairs(batch[twin], opened, column, closing, segment_ends)
+        self.rows.keep(keep)
+
+        # Per-trajectory values: one per segment, spread over its rows.
+        segment_of_row = np.repeat(np.arange(len(runs)), runs)
+        take_rows(keys.eps_id[segment_keys], segment_of_row, batch["eps_id"])
+        take_rows(keys.env_id[segment_keys], segment_of_row, batch["env_id"])
+        take_rows(keys.agent_index[segment_keys], segment_of_row, batch["agent_index"])
+        take_rows(agent_ids, segment_of_row, batch["agent_id"])
+        batch["unroll_id"].fill(unroll_id)
+        if "seq_lens" in batch:
+            batch["seq_lens"].fill(1)
+        closes_trajectory = done[with_transitions]
+        _add_rewards_after_done(
+            batch, segment_ends[closes_trajectory], segment_keys[closes_trajectory], keys
+        )
+        segments = np.stack([segment_keys, segment_ends + 1 - runs, segment_ends + 1], axis=1)
+        return batch, finished, segments
+
+
+def _batch_layout(columns: dict[str, np.ndarray], agent_id_dtype: np.dtype) -> dict:
+    """Each batch column's dtype and row shape, in the batch's column order: the stored
+    columns (a paired one followed by its closing twin), then the per-trajectory ones."""
+    layout = {}
+    for name, column in columns.items():
+        if name != KEY_COLUMN:
+            layout[name] = (column.dtype, column.shape[1:])
+            if name in PAIRED_COLUMNS:
+                layout[PAIRED_COLUMNS[name]] = layout[name]
+    int64 = np.dtype(np.int64)
+    layout.update(eps_id=(int64, ()), env_id=(int64, ()), agent_index=(int64, ()))
+    layout.update(agent_id=(agent_id_dtype, ()), unroll_id=(int64, ()))
+    if "state_in_0" in columns:
+        layout["seq_lens"] = (np.dtype(np.int32), ())
+    return layout
 
 
 def _closing_of_pairs(
-    opened: np.ndarray, column: np.ndarray, closing: np.ndarray, segment_ends: np.ndarray
+    out: np.ndarray | None,
+    opened: np.ndarray,
+    column: np.ndarray,
+    closing: np.ndarray,
+    segment_ends: np.ndarray,
 ) -> np.ndarray:
-    """The closing rows' values of a paired column (``new_obs``): within a trajectory a
-    transition closes on the row the next one opens on, so all but each trajectory's last
-    come from ``opened`` shifted by one (a contiguous copy), the last ones from ``column``."""
-    out = np.empty_like(opened)
+    """The closing rows' values of a paired column (``new_obs``), written into ``out`` (a new
+    array when None): within a trajectory a transition closes on the row the next one opens
+    on, so all but each trajectory's last come from ``opened`` shifted by one (a contiguous
+    copy), the last ones from ``column``."""
+    if out is None:
+        out = np.empty_like(opened)
     out[:-1] = opened[1:]
     out[segment_ends] = np.take(column, closing[segment_ends], axis=0)
     return out
-
-
-def _agent_id_strings(
-    agent_ids: np.ndarray, transition_keys: np.ndarray, segment_ends: np.ndarray
-) -> np.ndarray:
-    """``agent_ids[transition_keys].astype(str)``, converted once per trajectory (the sorted
-    keys come in runs ending at ``segment_ends``) and repeated: str() per row is slow."""
-    runs = np.diff(segment_ends, prepend=-1)
-    return np.repeat(agent_ids[transition_keys[segment_ends]].astype(str), runs)
 
 
 def _stable_argsort(keys: np.ndarray, num_keys: int) -> np.ndarray:
@@ -235,22 +258,14 @@ def _stable_argsort(keys: np.ndarray, num_keys: int) -> np.ndarray:
 
 
 def _add_rewards_after_done(
-    batch: SampleBatch, transition_keys: np.ndarray, closes_trajectory: np.ndarray, keys: KeyTable
+    batch: SampleBatch, final_rows: np.ndarray, final_keys: np.ndarray, keys: KeyTable
 ) -> None:
     """Final transitions carry the rewards their agent got after it was done (the ledger's call)."""
-    if not closes_trajectory.any():
+    if not len(final_rows):
         return
-    final_rows = np.flatnonzero(closes_trajectory).tolist()
+    episodes = keys.episode
     owners = [
-        (keys.episode[key].rewards, keys.agent_id[key]) for key in transition_keys[final_rows].tolist()
+        (episodes[key].rewards, agent_id)
+        for key, agent_id in zip(final_keys.tolist(), keys.agent_id[final_keys].tolist())
     ]
-    batch["rewards"] = add_rewards_after_done(batch["rewards"], final_rows, owners)
-
-
-def _segments(sorted_keys: np.ndarray) -> np.ndarray:
-    """(key, start, stop) of each run of equal keys."""
-    if not len(sorted_keys):
-        return np.zeros((0, 3), np.int64)
-    starts = np.flatnonzero(np.insert(sorted_keys[1:] != sorted_keys[:-1], 0, True))
-    stops = np.append(starts[1:], len(sorted_keys))
-    return np.stack([sorted_keys[starts], starts, stops], axis=1)
+    batch["rewards"] = add_rewards_after_done(batch["rewards"], final_rows.tolist(), owners)

@@ -1,0 +1,179 @@
+"""Building transitions from stored rows: against a per-row reference, and on a real env."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from marl_runner import EnvRunner
+from marl_runner.sampling.column_block import allocate_columns, take_rows
+from marl_runner.sampling.rewards import RewardLedger
+from marl_runner.sampling.trajectories import KeyTable, PolicyTrajectories
+from tests.runner_helpers import config
+
+AGENT_IDS = ["player_0", 7, "a_much_longer_agent_name", "b"]
+
+
+def _episode(env_id: int) -> SimpleNamespace:
+    return SimpleNamespace(env_id=env_id, episode_id=1000 + env_id, start_step=0, rewards=RewardLedger())
+
+
+def _store(seed: int) -> tuple[PolicyTrajectories, KeyTable, dict[int, list[dict]]]:
+    """Rounds of rows from 3 sub-envs x 4 agents, agents ending (done) at random rounds and
+    new episodes taking their place; rows appended in a shuffled order each round."""
+    rng = np.random.default_rng(seed)
+    table = KeyTable(capacity=4)  # grows while the rows are written
+    store = PolicyTrajectories("p")
+    live = {}  # (env, agent index) -> key
+    rows_of: dict[int, list[dict]] = {}
+    for round_index in range(12):
+        chunk: dict[str, list] = {name: [] for name in ("keys", "t", "obs", "rewards", "terminateds",
+                                                        "truncateds", "infos", "actions", "env_state")}
+        slots = [(env, index) for env in range(3) for index in range(4)]
+        rng.shuffle(slots)
+        for env, index in slots:
+            if (env, index) not in live:
+                live[env, index] = table.allocate(_episode(env), index, AGENT_IDS[index])
+            key = live[env, index]
+            done = bool(rng.random() < 0.15)
+            terminated = done and bool(rng.random() < 0.5)
+            row = {
+                "keys": key, "t": int(table.take_t(np.array([key]))[0]),
+                "obs": rng.random(3).astype(np.float32), "rewards": np.float32(rng.random()),
+                "terminateds": terminated, "truncateds": done and not terminated,
+                "infos": {"round": round_index}, "actions": int(rng.integers(5)),
+                "env_state": ("state", round_index, env),
+            }
+            rows_of.setdefault(key, []).append(row)
+            for name, value in row.items():
+                chunk[name].append(value)
+            if done:
+                del live[env, index]
+        arrays = {name: _column(values) for name, values in chunk.items()}
+        arrays["policy_version"] = np.int64(3)  # a 0-d column: the same on every row
+        store.add(arrays, len(slots))
+    return store, table, rows_of
+
+
+def _column(values: list) -> np.ndarray:
+    if isinstance(values[0], (dict, tuple)):
+        column = np.empty(len(values), object)
+        column[:] = values
+        return column
+    return np.array(values)
+
+
+def _expected(table: KeyTable, rows_of: dict[int, list[dict]], built: list[int]) -> dict[str, list]:
+    """The batch a per-row loop gives: keys in order, each row paired with the next."""
+    out: dict[str, list] = {}
+    for key in sorted(built):
+        rows = rows_of[key]
+        for opening, closing in zip(rows, rows[1:]):
+            values = {
+                "t": opening["t"], "obs": opening["obs"], "new_obs": closing["obs"],
+                "rewards": closing["rewards"], "terminateds": closing["terminateds"],
+                "truncateds": closing["truncateds"], "infos": closing["infos"],
+                "actions": opening["actions"], "env_state": opening["env_state"],
+                "new_env_state": closing["env_state"], "policy_version": 3,
+                "eps_id": table.eps_id[key], "env_id": table.env_id[key],
+                "agent_index": table.agent_index[key], "agent_id": str(table.agent_id[key]),
+                "unroll_id": 5,
+            }
+            for name, value in values.items():
+                out.setdefault(name, []).append(value)
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("partial", [False, True])
+def test_build_matches_a_per_row_pairing_of_every_column(seed: int, partial: bool) -> None:
+    store, table, rows_of = _store(seed)
+    built = [key for key in rows_of if not partial or table.env_id[key] != 1]
+    mask = table.mask(built)
+    stored_before = store.rows.size
+    batch, finished, segments = store.build(mask, table, unroll_id=5)
+
+    expected = _expected(table, rows_of, built)
+    assert list(batch) == [
+        "t", "obs", "new_obs", "rewards", "terminateds", "truncateds", "infos", "actions",
+        "env_state", "new_env_state", "policy_version", "eps_id", "env_id", "agent_index",
+        "agent_id", "unroll_id",
+    ]
+    for name, values in expected.items():
+        column = batch[name]
+        if column.dtype == object:
+            assert column.tolist() == values, name
+        else:
+            np.testing.assert_array_equal(column, np.array(values, column.dtype), err_msg=name)
+    assert batch["agent_id"].dtype == np.array([str(a) for a in AGENT_IDS]).dtype
+
+    ends_done = {k for k in built if rows_of[k][-1]["terminateds"] or rows_of[k][-1]["truncateds"]}
+    assert sorted(finished.tolist()) == sorted(ends_done)
+    with_transitions = sorted(k for k in built if len(rows_of[k]) > 1)
+    np.testing.assert_array_equal(segments[:, 0], with_transitions)
+    np.testing.assert_array_equal(segments[:, 2] - segments[:, 1], [len(rows_of[k]) - 1 for k in with_transitions])
+    # The unfinished built keys keep their last row; keys not built keep all of theirs.
+    kept = len(built) - len(ends_done) + sum(len(rows_of[k]) for k in rows_of if k not in built)
+    assert store.rows.size == kept < stored_before
+
+
+def test_a_build_with_no_selected_rows_keeps_everything() -> None:
+    store, table, rows_of = _store(0)
+    size = store.rows.size
+    batch, finished, segments = store.build(table.mask([]), table, unroll_id=1)
+    assert batch is None and not len(finished) and segments.shape == (0, 3)
+    assert store.rows.size == size
+
+
+def test_batch_columns_are_views_into_one_block() -> None:
+    store, table, rows_of = _store(1)
+    batch, _, _ = store.build(table.mask(list(rows_of)), table, unroll_id=1)
+    numeric = [name for name, column in batch.items() if column.dtype != object]
+    block = batch["obs"].base
+    assert block is not None and all(batch[name].base is block for name in numeric)
+    assert all(batch[name].flags.c_contiguous and batch[name].flags.writeable for name in numeric)
+    assert batch["infos"].base is None  # object columns are arrays of their own
+
+
+def test_allocate_columns_keeps_order_aligns_and_leaves_object_columns_out() -> None:
+    layout = {
+        "flags": (np.dtype(bool), ()),
+        "obs": (np.dtype(np.float64), (3, 2)),
+        "infos": (np.dtype(object), ()),
+        "names": (np.dtype("<U5"), ()),
+    }
+    columns = allocate_columns(layout, 7)
+    assert list(columns) == list(layout) and columns["infos"] is None
+    assert columns["obs"].shape == (7, 3, 2) and columns["obs"].dtype == np.float64
+    assert columns["names"].shape == (7,) and columns["flags"].shape == (7,)
+    assert all(c.flags.aligned for c in columns.values() if c is not None)
+    columns["flags"][:] = False
+    columns["names"][:] = ""
+    columns["obs"][:] = 1.0
+    assert not columns["flags"].any() and not any(columns["names"])  # no column overlaps another
+    with pytest.raises(ValueError, match="num_rows must be >= 0, got -1"):
+        allocate_columns(layout, -1)
+
+
+def test_take_rows_into_out_or_a_new_array() -> None:
+    column = np.arange(12).reshape(6, 2)
+    out = np.empty((3, 2), column.dtype)
+    assert take_rows(column, np.array([5, 0, 2]), out) is out
+    np.testing.assert_array_equal(out, [[10, 11], [0, 1], [4, 5]])
+    np.testing.assert_array_equal(take_rows(column, np.array([1]), None), [[2, 3]])
+
+
+def test_real_env_batches_pair_new_obs_with_the_next_obs() -> None:
+    cfg = config("pettingzoo.classic.connect_four_v3:env", num_envs=3, rollout_fragment_length=15,
+                 policies={"shared": {"model": {"type": "mlp", "hidden": [8]}}}, seed=3)
+    with EnvRunner(cfg) as runner:
+        batch = runner.sample(num_env_steps=60).policy_batches["shared"]
+    same_trajectory = (batch["eps_id"][1:] == batch["eps_id"][:-1]) & (
+        batch["agent_index"][1:] == batch["agent_index"][:-1]
+    ) & (batch["unroll_id"][1:] == batch["unroll_id"][:-1])
+    assert same_trajectory.any()
+    np.testing.assert_array_equal(batch["new_obs"][:-1][same_trajectory], batch["obs"][1:][same_trajectory])
+    np.testing.assert_array_equal(batch["t"][1:][same_trajectory], batch["t"][:-1][same_trajectory] + 1)
+    assert batch["agent_id"].tolist() == [f"player_{i}" for i in batch["agent_index"]]
