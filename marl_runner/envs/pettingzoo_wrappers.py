@@ -12,6 +12,7 @@ import gymnasium as gym
 from pettingzoo import AECEnv, ParallelEnv
 
 from connectors.agent.env_state import ENV_STATE_INFO_KEY
+from marl_runner.envs.aec_attributes import AECState
 from marl_runner.envs.errors import EnvError
 from marl_runner.envs.multi_agent_env import AgentID, MultiAgentDict, MultiAgentEnv, StepResult
 
@@ -196,6 +197,8 @@ class AECPettingZooEnv(_PettingZooSpaces):
 
     def __init__(self, env: AECEnv, capture_state: bool = False) -> None:
         self.env = env
+        # Per-step attributes read past the PettingZoo wrappers that only forward them.
+        self._live = AECState(env)
         self._init_spaces()
         self._init_state_capture(capture_state)
         self._rewards_before_step: MultiAgentDict = {}
@@ -203,26 +206,26 @@ class AECPettingZooEnv(_PettingZooSpaces):
     def reset(
         self, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[MultiAgentDict, MultiAgentDict]:
-        env = self.env
+        env, live = self.env, self._live
         env.reset(seed=seed, options=options)
-        rewards = {agent: reward for agent, reward in env.rewards.items() if reward}
+        rewards = {agent: reward for agent, reward in live.rewards.items() if reward}
         obs, _, _, _, infos = self._advance_to_live_agent(rewards)
-        if not env.agents:
+        if not live.agents:
             raise EnvError(f"AEC env {env} has no live agent after reset; expected one to move")
         self._rewards_before_step = rewards
-        live_agent = env.agent_selection
+        live_agent = live.agent_selection
         if len(obs) > 1:
             obs, infos = {live_agent: obs[live_agent]}, {live_agent: infos[live_agent]}
         return obs, self._with_state(obs, infos)
 
     def step(self, actions: MultiAgentDict) -> StepResult:
-        env = self.env
+        env, live = self.env, self._live
         rewards, self._rewards_before_step = self._rewards_before_step, {}
-        if not env.agents:
+        if not live.agents:
             if actions:
                 raise EnvError(f"AEC env {env} has no agents left; got actions for {list(actions)}")
             return {}, rewards, {"__all__": False}, {"__all__": False}, {}
-        agent = env.agent_selection
+        agent = live.agent_selection
         if len(actions) != 1 or agent not in actions:
             raise EnvError(
                 f"AEC env {env} waits for agent {agent!r} to move; "
@@ -235,27 +238,27 @@ class AECPettingZooEnv(_PettingZooSpaces):
 
     def _add_step_rewards(self, rewards: MultiAgentDict) -> None:
         """Add the rewards of the last `env.step` call to `rewards`."""
-        for agent, reward in self.env.rewards.items():
+        for agent, reward in self._live.rewards.items():
             rewards[agent] = rewards.get(agent, 0.0) + reward
 
     def _advance_to_live_agent(self, rewards: MultiAgentDict) -> StepResult:
         """Step out dead agents until a live one is selected or none is left."""
-        env = self.env
+        env, live = self.env, self._live
         obs: MultiAgentDict = {}
         terminateds: MultiAgentDict = {}
         truncateds: MultiAgentDict = {}
         infos: MultiAgentDict = {}
-        while env.agents:
-            agent = env.agent_selection
+        while live.agents:
+            agent = live.agent_selection
             if agent in obs:
                 raise EnvError(
                     f"AEC env {env} selected dead agent {agent!r} again after stepping it "
                     "with None; expected the env to remove it from env.agents"
                 )
-            terminated = env.terminations[agent]
-            truncated = env.truncations[agent]
+            terminated = live.terminations[agent]
+            truncated = live.truncations[agent]
             obs[agent] = env.observe(agent)
-            infos[agent] = env.infos[agent]
+            infos[agent] = live.infos[agent]
             terminateds[agent] = terminated
             truncateds[agent] = truncated
             if not (terminated or truncated):
