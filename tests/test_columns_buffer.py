@@ -1,0 +1,32 @@
+"""ColumnBuffer: every column grows with the others, rows stay in order across growth."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from marl_runner.sampling.columns import ColumnBuffer
+
+
+def test_columns_added_late_or_missing_stay_row_aligned_across_growth() -> None:
+    buffer = ColumnBuffer()
+    for start in range(0, 600, 100):  # grows past the initial capacity twice
+        chunk = {"keys": np.arange(start, start + 100), "version": np.int64(start)}
+        if start >= 300:
+            chunk["late"] = np.ones((100, 2), np.float32)  # first seen after a growth
+        if start != 400:
+            chunk["obs"] = np.full((100, 3), start, np.float64)  # missing in one round
+        buffer.append(chunk, 100)
+    view = buffer.view()
+    assert buffer.size == 600 and {len(column) for column in view.values()} == {600}
+    np.testing.assert_array_equal(view["keys"], np.arange(600))
+    np.testing.assert_array_equal(view["version"], np.repeat(np.arange(0, 600, 100), 100))
+    np.testing.assert_array_equal(view["late"][:300], 0.0)
+    np.testing.assert_array_equal(view["late"][300:], 1.0)
+    expected_obs = np.repeat([0, 100, 200, 300, 0, 500], 100)
+    np.testing.assert_array_equal(view["obs"], np.repeat(expected_obs[:, None], 3, axis=1))
+
+    buffer.keep(np.array([599, 5]))
+    np.testing.assert_array_equal(buffer.view()["keys"], [599, 5])
+    buffer.append({"keys": np.array([7])}, 1)
+    np.testing.assert_array_equal(buffer.view()["keys"], [599, 5, 7])
+    assert buffer.view()["late"][2].tolist() == [0.0, 0.0]
