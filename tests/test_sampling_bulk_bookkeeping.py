@@ -2,21 +2,7 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 from marl_runner import EnvRunner
-from marl_runner.sampling.trajectories import _agent_id_strings
-
-
-def test_agent_id_strings_match_a_per_row_conversion() -> None:
-    agent_ids = np.empty(6, object)
-    agent_ids[:] = ["player_0", 7, "a_much_longer_agent_name", "b", "x", 0]
-    transition_keys = np.array([0, 0, 1, 2, 2, 2, 3, 5, 5])
-    segment_ends = np.flatnonzero(np.append(transition_keys[1:] != transition_keys[:-1], True))
-    got = _agent_id_strings(agent_ids, transition_keys, segment_ends)
-    expected = agent_ids[transition_keys].astype(str)
-    assert got.dtype == expected.dtype
-    assert got.tolist() == expected.tolist()
 
 
 def test_bulk_step_counts_match_env_steps_and_episode_lengths() -> None:
