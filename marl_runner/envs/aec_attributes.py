@@ -58,24 +58,30 @@ class AECState:
 
     @property
     def agents(self) -> list:
+        """Agents still in the episode (PettingZoo removes finished ones)."""
         return self._agents.agents
 
     @property
     def agent_selection(self) -> Any:
+        """The agent whose turn it is."""
         return self._selection.agent_selection
 
     @property
     def terminations(self) -> dict:
+        """Each agent's terminated flag."""
         return self._terminations.terminations
 
     @property
     def truncations(self) -> dict:
+        """Each agent's truncated flag."""
         return self._truncations.truncations
 
     @property
     def rewards(self) -> dict:
+        """The rewards of the last env.step call (not the cumulative ones)."""
         return self._rewards.rewards
 
     @property
     def infos(self) -> dict:
+        """Each agent's info dict."""
         return self._infos.infos
