@@ -214,8 +214,8 @@ def test_shutdown_returns_at_once_while_the_accept_loop_waits_for_room_to_park()
             client.close()
 
 
-@pytest.mark.parametrize("setting", ["max_workers", "max_parked"])
-def test_worker_and_parking_counts_below_1_are_refused_naming_the_value(setting):
+@pytest.mark.parametrize("setting", ["max_workers", "max_parked", "max_connections_per_client"])
+def test_worker_parking_and_per_client_counts_below_1_are_refused_naming_the_value(setting):
     with pytest.raises(ValueError, match=f"{setting} 0: expected an int >= 1"):
         PooledHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler, **{"max_workers": 1,
                                                                       setting: 0})

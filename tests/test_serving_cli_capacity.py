@@ -1,5 +1,5 @@
-"""`marl-runner serve --max-workers N --idle-timeout S --request-timeout S --min-body-rate K`
-reach the server's worker pool."""
+"""`marl-runner serve --max-workers N --max-connections-per-client N --idle-timeout S
+--request-timeout S --min-body-rate K` reach the server's worker pool."""
 
 from __future__ import annotations
 
@@ -24,22 +24,28 @@ def test_max_workers_and_idle_timeout_reach_the_worker_pool(monkeypatch, capsys)
             super().__init__(*args, **kwargs)
             httpd = self._httpd
             built.append((httpd.max_workers, httpd.idle_timeout_s, httpd.request_timeout_s,
-                          httpd.min_body_rate))
+                          httpd.min_body_rate, httpd.client_connections.max_per_client))
             self.close()
             raise OSError("recorded; not serving")
 
     monkeypatch.setattr(server_module, "PolicyServer", Recorded)
     code = main(["serve", str(CONFIG), "--port", "0", "--max-workers", "7", "--idle-timeout", "2.5",
-                 "--request-timeout", "3", "--min-body-rate", "16"])
+                 "--request-timeout", "3", "--min-body-rate", "16",
+                 "--max-connections-per-client", "5"])
     assert code == 2 and "recorded; not serving" in capsys.readouterr().err
     assert main(["serve", str(CONFIG), "--port", "0", "--set", "num_envs=40"]) == 2
-    # Without the flags: the defaults (2 x 40 + 16 workers, 10 s, 64 KiB/s).
-    assert built == [(7, 2.5, 3.0, 16 * 1024), (96, 5.0, 10.0, 64 * 1024)]
+    assert main(["serve", str(CONFIG), "--port", "0", "--set", "num_envs=60"]) == 2
+    # Without the flags: the defaults (2 x num_envs + 16 workers, 5 s, 10 s, 64 KiB/s, and
+    # 64 connections per client, or num_envs + 16 when that is more).
+    assert built == [(7, 2.5, 3.0, 16 * 1024, 5), (96, 5.0, 10.0, 64 * 1024, 64),
+                     (136, 5.0, 10.0, 64 * 1024, 76)]
 
 
 @pytest.mark.parametrize(
     "flag, value, expected",
     [("--max-workers", "0", "expected a positive integer, got 0"),
+     ("--max-connections-per-client", "0", "expected a positive integer, got 0"),
+     ("--max-connections-per-client", "-3", "expected a positive integer, got -3"),
      ("--idle-timeout", "0", "expected a number of seconds > 0, got 0"),
      ("--idle-timeout", "nan", "expected a number of seconds > 0, got nan"),
      ("--request-timeout", "-1", "expected a number of seconds > 0, got -1"),

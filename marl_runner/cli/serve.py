@@ -81,7 +81,8 @@ def add_serve_parser(commands: Any, common: argparse.ArgumentParser) -> None:
         "--token",
         default=None,
         help=f"shared token clients must send (default: ${TOKEN_ENV_VAR}); "
-        "required when --host is not a loopback address",
+        "required when --host is not a loopback address; a request without it gets 401 "
+        "before its body is read (never '100 Continue')",
     )
     serve.add_argument(
         "--out",
@@ -118,6 +119,16 @@ def add_serve_parser(commands: Any, common: argparse.ArgumentParser) -> None:
         metavar="N",
         help="threads serving connections that sent a request (default: the larger of 64 and "
         "2 x num_envs + 16); more connections wait for one, silent ones cost no thread",
+    )
+    serve.add_argument(
+        "--max-connections-per-client",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="connections one client address may hold open, silent or served (default: the "
+        "larger of 64 and num_envs + 16); one more gets 503 with Retry-After and is closed at "
+        "once, so one host cannot take every connection. Behind a reverse proxy every "
+        "connection comes from the proxy's address: raise it to what the proxy opens",
     )
     serve.add_argument(
         "--idle-timeout",
@@ -323,6 +334,7 @@ def _capacity(args: argparse.Namespace) -> dict[str, Any]:
     """The `PolicyServer` capacity arguments given on the command line (others: its defaults)."""
     given = {
         "max_workers": args.max_workers,
+        "max_connections_per_client": args.max_connections_per_client,
         "idle_timeout_s": args.idle_timeout,
         "request_timeout_s": args.request_timeout,
         "min_body_rate": args.min_body_rate,

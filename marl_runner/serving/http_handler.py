@@ -1,9 +1,12 @@
 """The HTTP side of `PolicyServer`: one request in, one `PolicyServer.call`, one answer out.
 
 Everything that can be refused without decoding is refused here, before the
-body is read: a missing token, a path outside the API, an unknown content
-type, a chunked, missing or oversized body, a GET with a body, a body that
-finds no room in the memory budget, and any request after `close()` began. A
+body is read: a missing token, a path that names no endpoint, an unknown
+content type, a chunked, missing or oversized body, a GET with a body, a body
+that finds no room in the memory budget, and any request after `close()`
+began. A client that sent `Expect: 100-continue` gets "100 Continue" only
+once its request passed all of these, just before its body is read; a
+refused one gets its error status and `Connection: close` instead. A
 request that does not arrive within its deadline (`http_deadlines`: however
 slowly its bytes drip in) gets 408 and its connection ends. What the call raises
 becomes a status (`STATUS_OF`) with `{"error", "type"}` in the body, so the
@@ -70,6 +73,9 @@ class PolicyEndpoint(Protocol):
     def end_request(self) -> None:
         """Ends what `begin_request` counted, so closing stops waiting for it."""
 
+    def route(self, method: str, name: str) -> Any:
+        """The call `method /v1/name` runs, or `HTTPStatusError`: checked before any body."""
+
     def call(self, method: str, name: str, body: Any) -> Any:
         """Runs one API call, so the handler knows nothing of routes; `bytes` when encoded."""
 
@@ -103,7 +109,7 @@ class PolicyRequestHandler(BaseHTTPRequestHandler):
 
     def handle_one_request(self) -> None:
         """One request under its deadline; one that missed it is answered 408 and counted once."""
-        self._answered = self._missed = False
+        self._answered = self._missed = self._continue_due = False
         # What a 408 needs if the request line never came (`parse_request` sets them otherwise).
         self.requestline = self.request_version = self.command = ""
         self._reader.expect_request()
@@ -114,6 +120,23 @@ class PolicyRequestHandler(BaseHTTPRequestHandler):
             return
         if self._reader.timed_out:
             self._missed_deadline()
+
+    def handle_expect_100(self) -> bool:
+        """Defers "100 Continue" until the body is about to be read (`_invite_body`).
+
+        The base class sends it from `parse_request`, before any check: a
+        client with a wrong token, or a body too big or for no endpoint, was
+        invited to upload it. Deferred, a refused request gets its error
+        status and `Connection: close` instead, and its body is never read.
+        """
+        self._continue_due = True
+        return True
+
+    def _invite_body(self) -> None:
+        """Sends the deferred "100 Continue", once: the request passed every check on its head."""
+        if self._continue_due:
+            self._continue_due = False
+            super().handle_expect_100()
 
     def send_response(self, code: int, message: str | None = None) -> None:
         """Notes that an answer began, so a request that times out later gets no second one."""
@@ -155,6 +178,12 @@ class PolicyRequestHandler(BaseHTTPRequestHandler):
             self._refuse(HTTPStatus.NOT_FOUND, f"no endpoint {self.path!r}; the API lives under "
                          f"{API_PREFIX}", content_type)
             return
+        name = self.path[len(API_PREFIX):].split("?")[0]
+        try:
+            server.route(method, name)
+        except HTTPStatusError as exc:
+            self._refuse(exc.status, str(exc), content_type)
+            return
         if method == "POST":
             declared = self.headers.get("Content-Type", "").split(";")[0].strip()
             if declared not in codec.CONTENT_TYPES:
@@ -167,7 +196,7 @@ class PolicyRequestHandler(BaseHTTPRequestHandler):
             factor = JSON_MEMORY_FACTOR if content_type == codec.JSON else BINARY_MEMORY_FACTOR
             reservation = server.body_budget.open(length * factor)
             try:
-                self._answer(server, method, content_type, length, reservation)
+                self._answer(server, method, name, content_type, length, reservation)
             finally:
                 reservation.close()
                 if length >= TRIM_AFTER_BYTES:
@@ -176,10 +205,10 @@ class PolicyRequestHandler(BaseHTTPRequestHandler):
             self._refuse(HTTPStatus.BAD_REQUEST, "a GET takes no body: send it without "
                          "Content-Length (or with 0) and without Transfer-Encoding", content_type)
         else:
-            self._answer(server, method, content_type, 0, None)
+            self._answer(server, method, name, content_type, 0, None)
 
     def _answer(
-        self, server: PolicyEndpoint, method: str, content_type: str, length: int,
+        self, server: PolicyEndpoint, method: str, name: str, content_type: str, length: int,
         reservation: BodyReservation | None,
     ) -> None:
         """Reads a body of `length` bytes (if `reservation`) as the reservation grows, reserves
@@ -199,7 +228,7 @@ class PolicyRequestHandler(BaseHTTPRequestHandler):
                     raw = codec.json_text(raw)  # the bytes are freed before parsing
                 body = codec.decode(raw, content_type)
                 del raw
-            result = server.call(method, self.path[len(API_PREFIX):].split("?")[0], body)
+            result = server.call(method, name, body)
             del body
             payload = result if isinstance(result, bytes) else codec.encode(result, content_type)
             if isinstance(result, bytes):
@@ -318,6 +347,7 @@ class PolicyRequestHandler(BaseHTTPRequestHandler):
                     reservation.close()  # nothing held while the rest is read and dropped
                     self._refuse_no_room(server, self._content_type(), left)
                     return None
+                self._invite_body()
                 chunk = self.rfile.read(wanted)
                 raw += chunk
                 if len(chunk) < wanted:
@@ -353,7 +383,14 @@ class PolicyRequestHandler(BaseHTTPRequestHandler):
                          {"Retry-After": "1"})
 
     def _discard_body(self, length: int) -> bool:
-        """Reads `length` body bytes into a small buffer, keeping none; False if the client left."""
+        """Reads `length` body bytes into a small buffer, keeping none; False if the client left.
+
+        A body never invited (`Expect: 100-continue` without "100 Continue")
+        is not coming: nothing is read, and the answer ends the connection.
+        """
+        if self._continue_due:
+            self.close_connection = True
+            return True
         chunk = bytearray(min(length, 1 << 16)) or bytearray(1)
         left = length
         try:

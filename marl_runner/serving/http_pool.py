@@ -29,6 +29,11 @@ try:
 except ImportError:  # not Unix: no open-file limit to read
     resource = None
 
+from marl_runner.serving.client_connections import (
+    MAX_CONNECTIONS_PER_CLIENT,
+    ClientConnections,
+    answer_over_cap,
+)
 from marl_runner.serving.http_deadlines import MIN_BODY_RATE, REQUEST_TIMEOUT_S, check_limits
 
 LISTEN_BACKLOG = 256
@@ -60,7 +65,10 @@ class PooledHTTPServer(HTTPServer):
     not a thread, and close after `idle_timeout_s`. At most `max_parked`
     connections are parked (fewer where the open-file limit is low:
     `parking_room`); beyond that the accept loop waits and new ones queue in
-    the listen backlog. `saturated` is true while a connection with
+    the listen backlog. One client address holds at most
+    `max_connections_per_client` connections open, parked or served
+    (`client_connections`); the accept loop answers one more 503 and closes
+    it at once. `saturated` is true while a connection with
     a request waits for a worker: handlers then close keep-alive connections
     after their current answer, so busy clients take turns.
 
@@ -82,6 +90,7 @@ class PooledHTTPServer(HTTPServer):
         max_parked: int = MAX_PARKED,
         request_timeout_s: float = REQUEST_TIMEOUT_S,
         min_body_rate: float = MIN_BODY_RATE,
+        max_connections_per_client: int = MAX_CONNECTIONS_PER_CLIENT,
     ) -> None:
         for name, count in (("max_workers", max_workers), ("max_parked", max_parked)):
             if count < 1:
@@ -92,6 +101,7 @@ class PooledHTTPServer(HTTPServer):
         self.idle_timeout_s = idle_timeout_s
         self.request_timeout_s = request_timeout_s
         self.min_body_rate = min_body_rate
+        self.client_connections = ClientConnections(max_connections_per_client)
         self.requests_timed_out = 0
         self.saturated = False
         self._free = threading.Semaphore(max_workers)
@@ -132,13 +142,24 @@ class PooledHTTPServer(HTTPServer):
         super().shutdown()
 
     def process_request(self, request: socket.socket, client_address: Any) -> None:
-        """Parks the new connection until it sends something (waiting for room to park it)."""
+        """Parks the new connection until it sends something (waiting for room to park it);
+        one over its client's cap is answered 503 and closed instead."""
+        connections = self.client_connections
+        if not connections.admit(request, client_address[0]):
+            answer_over_cap(request, connections.max_per_client)
+            self.shutdown_request(request)
+            return
         while not self._park_slots.acquire(timeout=0.1):
             if self._closing.is_set() or not self._accepting:
                 self.shutdown_request(request)
                 return
         self._arrivals.put((request, client_address))
         self._wake()
+
+    def shutdown_request(self, request: socket.socket) -> None:
+        """Closes a connection and frees its client's slot: every connection ends here."""
+        self.client_connections.release(request)
+        super().shutdown_request(request)
 
     def server_close(self) -> None:
         """Stops accepting, closes parked connections; workers end after their current one."""

@@ -9,7 +9,8 @@ batches. Bodies use `codec` (never pickle); every value is checked
 a 4xx, never the server.
 
 Capacity is bounded (`http_pool`): connections are served by a fixed pool of
-worker threads (more wait in a 256-deep listen backlog), idle keep-alive
+worker threads (more wait in a 256-deep listen backlog), one client address
+holds at most `max_connections_per_client` of them (`client_connections`), idle keep-alive
 connections close after a few seconds, a request must arrive within a
 deadline however slowly it drips in (408 otherwise), and request bodies in flight share a
 memory budget (a request that finds none within `BODY_WAIT_S` gets 503 with
@@ -40,6 +41,7 @@ from marl_runner.envs.external_episodes import ExternalEnvStopped
 from marl_runner.envs.external_vector_env import ExternalVectorEnv
 from marl_runner.serving.batches import batch_from_value
 from marl_runner.serving.body_memory import BodyBudget
+from marl_runner.serving.client_connections import MAX_CONNECTIONS_PER_CLIENT, ClientConnections
 from marl_runner.serving.http_deadlines import MIN_BODY_RATE, REQUEST_TIMEOUT_S
 from marl_runner.serving.http_handler import (
     API_PREFIX,
@@ -111,7 +113,11 @@ class PolicyServer:
     within `request_timeout_s` of its first byte, and its body (and each
     answer) must keep `min_body_rate` bytes/s after a `request_timeout_s`
     head start, else 408 and the connection ends: slow clients cannot hold
-    the workers.
+    the workers. One client address holds at most `max_connections_per_client`
+    connections open (default: `MAX_CONNECTIONS_PER_CLIENT`, or num_envs + 16
+    when that is more, so one simulator host can run every episode slot at
+    once); one more gets 503 with `Retry-After` and is closed at once, counted
+    in `client_connections.refused`: one host cannot take every connection.
     """
 
     def __init__(
@@ -127,6 +133,7 @@ class PolicyServer:
         idle_timeout_s: float = IDLE_CONNECTION_TIMEOUT_S,
         request_timeout_s: float = REQUEST_TIMEOUT_S,
         min_body_rate: float = MIN_BODY_RATE,
+        max_connections_per_client: int | None = None,
     ) -> None:
         if not isinstance(runner.env, ExternalVectorEnv):
             raise ServerSetupError(
@@ -147,6 +154,8 @@ class PolicyServer:
         self.num_uploaded = 0
         if max_workers is None:
             max_workers = max(MIN_WORKERS, 2 * runner.env.num_envs + 16)
+        if max_connections_per_client is None:
+            max_connections_per_client = max(MAX_CONNECTIONS_PER_CLIENT, runner.env.num_envs + 16)
         if max_bytes_in_flight is None:
             max_bytes_in_flight = max(4 * max_body_bytes, 256 * 1024 * 1024)
         self.body_budget = BodyBudget(max_bytes_in_flight)
@@ -154,6 +163,7 @@ class PolicyServer:
         self._httpd = PolicyHTTPServer(
             (host, port), PolicyRequestHandler, max_workers, idle_timeout_s,
             request_timeout_s=request_timeout_s, min_body_rate=min_body_rate,
+            max_connections_per_client=max_connections_per_client,
         )
         self._httpd.policy_server = self
         self._thread: threading.Thread | None = None
@@ -172,6 +182,11 @@ class PolicyServer:
     def requests_timed_out(self) -> int:
         """Requests, or answers left unread, that missed their deadline (408 where possible)."""
         return self._httpd.requests_timed_out
+
+    @property
+    def client_connections(self) -> ClientConnections:
+        """Open connections per client address, and how many the cap refused (`refused`)."""
+        return self._httpd.client_connections
 
     @property
     def address(self) -> str:
@@ -264,6 +279,17 @@ class PolicyServer:
 
     def call(self, method: str, name: str, body: Any) -> Any:
         """Runs one API call; returns the response value (`bytes` when already encoded)."""
+        handler = self.route(method, name)
+        if method == "POST" and not isinstance(body, dict):
+            raise RequestError(f"the body must be an object, got {type(body).__name__}")
+        return handler(self, body)
+
+    def route(self, method: str, name: str) -> Callable[[PolicyServer, Any], Any]:
+        """The API call `method /v1/name` runs; `HTTPStatusError` (404, 405) when there is none.
+
+        The HTTP handler asks before reading a body, so that a request for no
+        endpoint is never invited to send one.
+        """
         routes = _GET_ROUTES if method == "GET" else _POST_ROUTES
         handler = routes.get(name)
         if handler is None:
@@ -274,9 +300,7 @@ class PolicyServer:
                 )
             raise HTTPStatusError(HTTPStatus.NOT_FOUND, f"no endpoint {API_PREFIX}{name}; "
                                   f"endpoints: {sorted(_GET_ROUTES) + sorted(_POST_ROUTES)}")
-        if method == "POST" and not isinstance(body, dict):
-            raise RequestError(f"the body must be an object, got {type(body).__name__}")
-        return handler(self, body)
+        return handler
 
     def _start_episode(self, body: dict) -> dict:
         training_enabled = body.get("training_enabled", True)
