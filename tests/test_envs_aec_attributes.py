@@ -7,7 +7,7 @@ import pytest
 from pettingzoo.classic import connect_four_v3, tictactoe_v3
 from pettingzoo.utils.wrappers import BaseWrapper, OrderEnforcingWrapper
 
-from marl_runner.envs import AECPettingZooEnv
+from marl_runner.envs import AECPettingZooEnv, aec_attributes
 from marl_runner.envs.aec_attributes import AECState, attribute_owner
 
 pytestmark = [
@@ -84,3 +84,20 @@ def test_a_user_s_reward_shaping_reaches_the_adapter() -> None:
         totals.append(total)
     assert totals[0] > 0
     assert totals[1] == 2 * totals[0]
+
+
+def test_before_pettingzoo_1_25_nothing_is_looked_past(monkeypatch) -> None:
+    """PettingZoo 1.24's illegal-move wrapper set flags and rewards on itself."""
+    monkeypatch.setattr(aec_attributes, "_WRAPPERS_ONLY_FORWARD", False)
+    env = connect_four_v3.env()
+    for name in NAMES:
+        assert attribute_owner(env, name) is env
+
+
+@pytest.mark.parametrize(
+    ("text", "parsed"),
+    [("1.27.0", (1, 27, 0)), ("1.25.0rc1", (1, 25, 0)), ("1.24.3", (1, 24, 3)), ("1.26", (1, 26))],
+)
+def test_versions_compare_by_their_leading_numbers(text, parsed) -> None:
+    assert aec_attributes._version(text) == parsed
+    assert (parsed >= aec_attributes._FORWARDING_SINCE) == (parsed[:2] >= (1, 25))

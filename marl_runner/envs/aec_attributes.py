@@ -10,14 +10,29 @@ wrappers neither define nor set these names (the illegal-move wrapper writes
 them on the unwrapped env), so each name is read from the first object in the
 chain that can hold it. A wrapper of any other module is never looked past:
 it may define or set any of them, and then it is where the name is read.
+Before PettingZoo 1.25 the illegal-move wrapper set flags, rewards and the
+selected agent on itself, so with those versions nothing is looked past.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
+
+import pettingzoo
 
 #: Wrappers of this package only forward the names read here (checked per name and class).
 _FORWARDING_PACKAGE = "pettingzoo.utils.wrappers."
+#: From this PettingZoo version on, its wrappers write these names only on the unwrapped env.
+_FORWARDING_SINCE = (1, 25)
+
+
+def _version(text: str) -> tuple[int, ...]:
+    """``"1.27.0"`` -> ``(1, 27, 0)``; the leading numbers only (``"1.25.0rc1"`` -> ``(1, 25, 0)``)."""
+    return tuple(int(part) for part in re.findall(r"\d+", text.split("+")[0])[:3])
+
+
+_WRAPPERS_ONLY_FORWARD = _version(pettingzoo.__version__) >= _FORWARDING_SINCE
 
 
 def attribute_owner(env: Any, name: str) -> Any:
@@ -31,7 +46,8 @@ def attribute_owner(env: Any, name: str) -> Any:
 def _only_forwards(wrapper: Any, name: str) -> bool:
     cls = type(wrapper)
     return (
-        cls.__module__.startswith(_FORWARDING_PACKAGE)
+        _WRAPPERS_ONLY_FORWARD
+        and cls.__module__.startswith(_FORWARDING_PACKAGE)
         and "env" in vars(wrapper)
         and name not in vars(wrapper)
         and not any(name in vars(klass) for klass in cls.__mro__)

@@ -67,12 +67,15 @@ class ThreadedExternalEnv(ExternalMultiAgentEnv):
         self._lock = threading.Lock()
 
     def run(self) -> None:
-        self.threads = [
+        threads = [
             threading.Thread(target=self._play_thread, args=(i,), daemon=True)
             for i in range(self.num_threads)
         ]
-        for thread in self.threads:
+        for thread in threads:
             thread.start()
+        # Listed only once all have started: an unstarted thread is not alive either, so
+        # `done()` would otherwise be true while the first finished and the rest had not begun.
+        self.threads = threads
 
     def done(self) -> bool:
         """All client threads started and finished."""
