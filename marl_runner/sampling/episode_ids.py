@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import secrets
-from itertools import chain, repeat
 
 # Ids are positive int64 values (the batches' ``eps_id`` column).
 _MAX_ID = 2**63 - 1
@@ -16,13 +15,14 @@ class EpisodeIds:
     runner and two runners (or one runner before and after a restart) collide only with
     negligible probability; not drawn from the config's seed, which runners may share."""
 
-    __slots__ = ("_ids",)
+    __slots__ = ("_base", "_count")
 
     def __init__(self) -> None:
-        base = 1 + secrets.randbelow(_MAX_ID - _SPAN)
-        # base, base + 1, ..., base + _SPAN - 1, then base again: each id made in C.
-        self._ids = chain.from_iterable(repeat(range(base, base + _SPAN)))
+        self._base = 1 + secrets.randbelow(_MAX_ID - _SPAN)
+        self._count = 0
 
     def next(self) -> int:
         """A fresh episode id in ``[1, 2**63 - 1]``."""
-        return next(self._ids)
+        episode_id = self._base + self._count
+        self._count = (self._count + 1) % _SPAN
+        return episode_id
