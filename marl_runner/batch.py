@@ -15,7 +15,9 @@ class SampleBatch(dict):
 
     Column names follow RLlib's so that training code written for it reads the
     same. ``infos`` is an object array; a Dict / Tuple obs or action column is
-    a dict / tuple of arrays; every other column is a plain array.
+    a dict / tuple of arrays; every other column is a plain array. The runner's
+    batches hold their numeric columns in one block of memory, so one column
+    kept alone keeps the whole block: ``.copy()`` a column kept for long.
     """
 
     OBS = "obs"
