@@ -16,24 +16,32 @@ if TYPE_CHECKING:
 
 
 class Evaluated(NamedTuple):
-    """One policy's forward pass of a round: which of its rows needed an action, the rows
-    as the policy got them (all of them, see ``policy_input``), and its output for them."""
+    """One policy's forward pass of a round: the rows that needed an action (indices, or
+    None when all did: the usual round, with nothing to select), the rows as the policy
+    got them (all of them, see ``policy_input``), and its output for them."""
 
-    needs_action: np.ndarray
+    acting: np.ndarray | None
     rows: AgentRows
     output: PolicyOutput
 
 
-def policy_input(rows: AgentRows, needs_action: np.ndarray) -> AgentRows:
+def acting_rows(rows: AgentRows) -> np.ndarray | None:
+    """Indices of the rows that need an action (not done); None when every row does."""
+    done = rows["terminateds"] | rows["truncateds"]
+    return np.flatnonzero(~done) if done.any() else None
+
+
+def policy_input(rows: AgentRows, acting: np.ndarray | None) -> AgentRows:
     """The rows as the policy gets them: a done row's action mask allows every action
     (a final obs may allow none, which no policy can honour; its action is never sent)."""
     mask = rows.get("action_mask")
-    if mask is None or needs_action.all():
+    if mask is None or acting is None:
         return rows
-    mask = np.array(mask, copy=True)
-    mask[~needs_action] = 1
+    mask = np.asarray(mask)
+    opened = np.ones_like(mask)
+    opened[acting] = mask[acting]
     unmasked = AgentRows(rows.columns)
-    unmasked["action_mask"] = mask
+    unmasked["action_mask"] = opened
     return unmasked
 
 
@@ -51,14 +59,14 @@ def run_action_connectors(
     outputs. Stateful agent connectors (previous action, RNN state) are told
     what was stored.
     """
-    needs_action, rows, (actions, state_outs, extra) = evaluated
+    acting, rows, (actions, state_outs, extra) = evaluated
     action_rows = ActionRows(
         actions=actions, state_outs=state_outs, extra=extra,
         keys=rows["keys"], env_ids=rows["env_ids"],
         agent_ids=rows["agent_ids"], input_rows=rows,
     )
     env_actions = entry.action_pipeline(action_rows).actions
-    distribute_actions(actions_by_env, rows, env_actions, needs_action)
+    distribute_actions(actions_by_env, rows, env_actions, acting)
     columns = {"actions": actions, **extra}
     for i, state in enumerate(state_outs):
         columns[f"state_out_{i}"] = state
@@ -104,14 +112,14 @@ def _split_rows(actions: Any, num_rows: int) -> list:
 
 
 def distribute_actions(
-    actions_by_env: dict[int, dict], rows: AgentRows, actions: Any, needs_action: np.ndarray
+    actions_by_env: dict[int, dict], rows: AgentRows, actions: Any, acting: np.ndarray | None
 ) -> None:
     """Each row's env-bound action into ``actions_by_env[env_id][agent_id]``, for the rows
-    that need one."""
+    that need one (``acting``; None: all)."""
     per_row = _split_rows(actions, len(rows))
     env_ids, agent_ids = rows["env_ids"].tolist(), rows["agent_ids"]
-    if not needs_action.all():
-        acting = np.flatnonzero(needs_action).tolist()
+    if acting is not None:
+        acting = acting.tolist()
         per_row = [per_row[i] for i in acting]
         env_ids = [env_ids[i] for i in acting]
         agent_ids = [agent_ids[i] for i in acting]

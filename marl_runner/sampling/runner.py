@@ -32,6 +32,7 @@ from marl_runner.sampling.lifecycle import EpisodeLifecycle, SubEnvError
 from marl_runner.sampling.policy_map import PolicyMap
 from marl_runner.sampling.policy_outputs import (
     Evaluated,
+    acting_rows,
     policy_input,
     run_action_connectors,
     stored_columns,
@@ -404,12 +405,12 @@ class EnvRunner:
         evaluated = {}
         explore = self.config.explore
         for policy_id, rows in rows_by_policy.items():
-            needs_action = ~(rows["terminateds"] | rows["truncateds"])
-            if not needs_action.any():
+            acting = acting_rows(rows)
+            if acting is not None and not len(acting):
                 continue
-            inputs = policy_input(rows, needs_action)
+            inputs = policy_input(rows, acting)
             evaluated[policy_id] = Evaluated(
-                needs_action,
+                acting,
                 inputs,
                 self.policy_map[policy_id].compute_actions_from_input_dict(
                     inputs, explore=explore, timestep=self._num_env_steps_total
