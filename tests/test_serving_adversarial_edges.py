@@ -18,6 +18,7 @@ from http.server import BaseHTTPRequestHandler
 
 import pytest
 
+from marl_runner.serving.http_linger import MAX_LINGERING
 from marl_runner.serving.http_pool import PooledHTTPServer, parking_room
 from tests.test_serving_http import served, wait_for
 
@@ -83,7 +84,7 @@ def test_parking_room_keeps_half_the_open_file_limit(monkeypatch):
     import resource
 
     monkeypatch.setattr(resource, "getrlimit", lambda _: (1024, 4096))
-    assert parking_room(1024, 64) == 1024 // 2 - 64 - 1
+    assert parking_room(1024, 64) == 1024 // 2 - 64 - MAX_LINGERING - 1
     monkeypatch.setattr(resource, "getrlimit", lambda _: (1 << 20, 1 << 20))
     assert parking_room(1024, 64) == 1024
     monkeypatch.setattr(resource, "getrlimit", lambda _: (64, 64))

@@ -7,7 +7,8 @@ accepted until it is closed, parked (silent) or served alike; every
 connection ends in `PooledHTTPServer.shutdown_request` (answered, idle,
 timed out, reset, refused, or closed with the server), which frees its slot.
 A connection over the cap is answered 503 with `Retry-After` by the accept
-loop itself and closed at once: it holds no thread and no parking slot.
+loop itself, then drained for a moment and closed (`http_linger`): it holds
+no thread, no parking slot and no place in the cap.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ logger = logging.getLogger(__name__)
 
 # One address's connections at most. A remote-mode PolicyClient holds one keep-alive
 # connection per thread, so a simulator host running 64 episodes at once fits; the usual
-# open-file limit (1,024) leaves room to park about 450 connections, so one host at the cap
+# open-file limit (1,024) leaves room to park about 430 connections, so one host at the cap
 # leaves most of it to the others. `PolicyServer` raises it to num_envs + 16 when that is more.
 MAX_CONNECTIONS_PER_CLIENT = 64
 RETRY_AFTER_S = 1
@@ -110,11 +111,10 @@ class ClientConnections:
 
 
 def answer_over_cap(sock: socket.socket, max_per_client: int) -> None:
-    """Writes the 503 for a connection over the cap without ever blocking the accept loop.
-
-    Bytes the client already sent are read and dropped first: closing a
-    socket with unread data resets the connection, which can hide the answer.
-    """
+    """Writes the 503 for a connection over the cap and shuts the write side, without ever
+    blocking the accept loop; the caller drains what the client still sends (`http_linger`)
+    before closing, since closing with unread bytes resets the connection and can hide the
+    answer from a client still sending its request."""
     body = json.dumps({
         "error": "this address already has as many connections open as the server allows "
                  f"one client ({max_per_client}); close one or retry in a moment",
@@ -126,7 +126,7 @@ def answer_over_cap(sock: socket.socket, max_per_client: int) -> None:
         "Connection: close\r\n\r\n"
     )
     sock.setblocking(False)
-    with contextlib.suppress(OSError):  # nothing sent yet (would block), or already reset
-        sock.recv(65536)
     with contextlib.suppress(OSError):  # a fresh socket's send buffer takes it whole
         sock.send(head.encode() + body)
+    with contextlib.suppress(OSError):  # already reset by the client
+        sock.shutdown(socket.SHUT_WR)

@@ -26,6 +26,9 @@ REQUEST_TIMEOUT_S = 10.0
 MIN_BODY_RATE = 64 * 1024
 # Request line and headers together (PolicyClient sends a few hundred bytes).
 MAX_HEAD_BYTES = 64 * 1024
+# A body read only to be dropped after its answer went out ends at its first second without a
+# byte: a client that waits for the answer costs the worker that long, not a deadline.
+DRAIN_QUIET_S = 1.0
 
 
 class RequestTimedOut(TimeoutError):
@@ -72,7 +75,9 @@ class DeadlineReader(io.RawIOBase):
     moves it on by time the server made the body wait). A `recv`
     past due, or one that stalls for the idle timeout within a request,
     raises `RequestTimedOut` and sets `timed_out`; a head still unfinished
-    after `MAX_HEAD_BYTES` raises `HeadTooLarge`.
+    after `MAX_HEAD_BYTES` raises `HeadTooLarge`. `expect_drain()` is the
+    body's pace for bytes read only to be dropped after the answer: there a
+    quiet `recv` or one past due reads as the end, not as a missed deadline.
     """
 
     def __init__(self, sock: socket.socket, idle_timeout_s: float, request_timeout_s: float,
@@ -85,6 +90,7 @@ class DeadlineReader(io.RawIOBase):
         self._pace: _Pace | None = None
         self._armed = False  # waiting for a request's first byte
         self._in_head = False  # reading a request's line and headers
+        self._quiet_s: float | None = None  # draining: a recv this quiet is the end
         self.timed_out = False
 
     def readable(self) -> bool:
@@ -93,11 +99,19 @@ class DeadlineReader(io.RawIOBase):
     def expect_request(self) -> None:
         """The next byte received begins a request: it starts the head's deadline."""
         self._pace, self._armed, self._in_head, self.timed_out = None, True, False, False
+        self._quiet_s = None
 
     def expect_body(self) -> None:
         """From now, the body must arrive at `min_body_rate` after a `request_timeout_s` start."""
         self._armed = self._in_head = False
         self._pace = _Pace(self.request_timeout_s, self.min_body_rate)
+        self._quiet_s = None
+
+    def expect_drain(self, quiet_s: float = DRAIN_QUIET_S) -> None:
+        """From now, reads (0 at the end) take what the client sends after its answer: at the
+        body's pace, ending at the first `quiet_s` without a byte or once past due."""
+        self.expect_body()
+        self._quiet_s = quiet_s
 
     def excuse(self, seconds: float) -> None:
         """Moves the body's deadline `seconds` later: the server made it wait (for memory)."""
@@ -105,6 +119,8 @@ class DeadlineReader(io.RawIOBase):
             self._pace.began += seconds
 
     def readinto(self, buffer: memoryview | bytearray) -> int:
+        if self._quiet_s is not None:
+            return self._drain_into(buffer)
         pace = self._pace
         timeout = self.idle_timeout_s
         if pace is not None:
@@ -128,6 +144,19 @@ class DeadlineReader(io.RawIOBase):
             self._armed, self._in_head = False, True
             self._pace = _Pace(self.request_timeout_s, math.inf)
             self._pace.moved = count
+        return count
+
+    def _drain_into(self, buffer: memoryview | bytearray) -> int:
+        """One `recv` of bytes to drop; 0 (the end) when quiet for `_quiet_s` or past due."""
+        left = self._pace.left_s()
+        if left <= 0:
+            return 0
+        self._sock.settimeout(min(self._quiet_s, left))
+        try:
+            count = self._sock.recv_into(buffer)
+        except TimeoutError:
+            return 0
+        self._pace.moved += count
         return count
 
     def _time_out(self) -> None:

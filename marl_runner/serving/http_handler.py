@@ -15,6 +15,7 @@ client can re-raise it; nothing a client sends can stop the server.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import io
 import logging
@@ -127,7 +128,9 @@ class PolicyRequestHandler(BaseHTTPRequestHandler):
         The base class sends it from `parse_request`, before any check: a
         client with a wrong token, or a body too big or for no endpoint, was
         invited to upload it. Deferred, a refused request gets its error
-        status and `Connection: close` instead, and its body is never read.
+        status and `Connection: close` instead, and its body is never
+        invited (one sent anyway after a 503 is read and dropped:
+        `_answer_unread`).
         """
         self._continue_due = True
         return True
@@ -175,14 +178,14 @@ class PolicyRequestHandler(BaseHTTPRequestHandler):
                          "'Authorization: Bearer <token>'", content_type)
             return
         if not self.path.startswith(API_PREFIX):
-            self._refuse(HTTPStatus.NOT_FOUND, f"no endpoint {self.path!r}; the API lives under "
-                         f"{API_PREFIX}", content_type)
+            self._refuse_endpoint(HTTPStatus.NOT_FOUND, f"no endpoint {self.path!r}; the API "
+                                  f"lives under {API_PREFIX}", content_type)
             return
         name = self.path[len(API_PREFIX):].split("?")[0]
         try:
             server.route(method, name)
         except HTTPStatusError as exc:
-            self._refuse(exc.status, str(exc), content_type)
+            self._refuse_endpoint(exc.status, str(exc), content_type)
             return
         if method == "POST":
             declared = self.headers.get("Content-Type", "").split(";")[0].strip()
@@ -268,17 +271,20 @@ class PolicyRequestHandler(BaseHTTPRequestHandler):
         """503 and `Connection: close` to a request that came after `close()` began.
 
         An authorized request's body of a sane declared size is read and
-        dropped first, so that the client, maybe still sending it, gets to
-        read the answer; anyone else gets no read of up to `max_body_bytes`.
+        dropped (`_answer_unread`), so that the client, maybe still sending
+        it, gets to read the answer; anyone else gets no read of up to
+        `max_body_bytes`.
         """
         self.close_connection = True
+        payload = codec.encode({"error": STOPPING_MESSAGE, "type": "ExternalEnvStopped"},
+                               content_type)
         length = self._declared_length()
         authorized = server.token is None or self._authorized(server.token)
         if method == "POST" and authorized and length is not None and length <= server.max_body_bytes:
             self._reader.expect_body()
-            self._discard_body(length)
-        self._send(HTTPStatus.SERVICE_UNAVAILABLE,
-                   {"error": STOPPING_MESSAGE, "type": "ExternalEnvStopped"}, content_type)
+            self._answer_unread(HTTPStatus.SERVICE_UNAVAILABLE, payload, content_type, length)
+        else:
+            self._send_bytes(HTTPStatus.SERVICE_UNAVAILABLE, payload, content_type)
 
     def _content_type(self) -> str:
         declared = self.headers.get("Content-Type", "").split(";")[0].strip()
@@ -369,36 +375,57 @@ class PolicyRequestHandler(BaseHTTPRequestHandler):
 
     def _refuse_no_room(self, server: PolicyEndpoint, content_type: str, left: int) -> None:
         """503 with `Retry-After` to a body that found no room in the memory budget in time:
-        logged once; the `left` bytes still unread are read and dropped first, so that the
-        client, maybe still sending them, gets to read the answer."""
+        logged once; the `left` bytes still unread are read and dropped (`_answer_unread`),
+        so that the client, maybe still sending them, gets to read the answer."""
         budget = server.body_budget
         logger.info("refusing a body from %s: no room in the memory budget within %g s (%d so "
                     "far)", self.client_address[0], server.body_wait_s, budget.refused)
-        if left and not self._discard_body(left):
-            return
         payload = codec.encode({"error": f"the server is decoding {budget.in_flight} bytes' "
                                 "worth of other bodies; retry in a moment", "type": "HTTPError"},
                                content_type)
-        self._send_bytes(HTTPStatus.SERVICE_UNAVAILABLE, payload, content_type,
-                         {"Retry-After": "1"})
+        self._answer_unread(HTTPStatus.SERVICE_UNAVAILABLE, payload, content_type, left,
+                            {"Retry-After": "1"})
 
-    def _discard_body(self, length: int) -> bool:
-        """Reads `length` body bytes into a small buffer, keeping none; False if the client left.
+    def _answer_unread(
+        self, status: HTTPStatus, payload: bytes, content_type: str, left: int,
+        headers: dict | None = None,
+    ) -> None:
+        """Answers a request whose last `left` body bytes are unread, so that no reset hides it.
 
-        A body never invited (`Expect: 100-continue` without "100 Continue")
-        is not coming: nothing is read, and the answer ends the connection.
+        Closing a socket with unread bytes resets the connection: a client
+        still sending fails on its send and never reads the answer. A body
+        the client was invited to send (or sent without asking) is read and
+        dropped first, then answered. A body never invited (`Expect:
+        100-continue`, no "100 Continue") may never come: a client that
+        waits gets the answer at once, with `Connection: close`; then the
+        write side shuts and whatever the client sends anyway is read and
+        dropped, up to `left` bytes, until its first quiet second
+        (`DRAIN_QUIET_S`) or the body's deadline.
         """
         if self._continue_due:
             self.close_connection = True
-            return True
+            self._send_bytes(status, payload, content_type, headers)
+            with contextlib.suppress(OSError):  # the client is gone already
+                self.connection.shutdown(socket.SHUT_WR)
+            self._reader.expect_drain()
+            self._discard_body(left)
+            return
+        if left and not self._discard_body(left):
+            return
+        self._send_bytes(status, payload, content_type, headers)
+
+    def _discard_body(self, length: int) -> bool:
+        """Reads `length` body bytes into a small buffer, keeping none; False if the client left
+        (or, draining, went quiet) first."""
         chunk = bytearray(min(length, 1 << 16)) or bytearray(1)
         left = length
         try:
             while left > 0:
-                count = self.rfile.readinto(memoryview(chunk)[: min(left, len(chunk))])
-                if not count:
-                    break
+                wanted = min(left, len(chunk))
+                count = self.rfile.readinto(memoryview(chunk)[:wanted])
                 left -= count
+                if count < wanted:  # the end: the client closed (or, draining, went quiet)
+                    break
         except (TimeoutError, OSError):
             pass
         if left:
@@ -412,6 +439,14 @@ class PolicyRequestHandler(BaseHTTPRequestHandler):
         self.close_connection = True
         payload = codec.encode({"error": message, "type": "HTTPError"}, content_type)
         self._send_bytes(status, payload, content_type, headers)
+
+    def _refuse_endpoint(self, status: HTTPStatus, message: str, content_type: str) -> None:
+        """404 or 405 for a path or method no endpoint takes; with no body at stake (a GET, a
+        POST of 0 bytes) the connection stays open for the next request, else `_refuse`."""
+        if self._declares_body():
+            self._refuse(status, message, content_type)
+        else:
+            self._send(status, {"error": message, "type": "HTTPError"}, content_type)
 
     def _send(self, status: HTTPStatus, value: dict, content_type: str) -> None:
         self._send_bytes(status, codec.encode(value, content_type), content_type)

@@ -35,6 +35,7 @@ from marl_runner.serving.client_connections import (
     answer_over_cap,
 )
 from marl_runner.serving.http_deadlines import MIN_BODY_RATE, REQUEST_TIMEOUT_S, check_limits
+from marl_runner.serving.http_linger import MAX_LINGERING, Lingering
 
 LISTEN_BACKLOG = 256
 # Connections accepted but silent so far; beyond this they wait in the listen backlog.
@@ -42,7 +43,8 @@ MAX_PARKED = 1024
 
 
 def parking_room(max_parked: int, max_workers: int) -> int:
-    """`max_parked`, lowered so that client sockets take at most half the open-file limit.
+    """`max_parked`, lowered so that client sockets (with the workers' and `MAX_LINGERING`
+    refused ones) take at most half the open-file limit.
 
     The usual soft limit is 1,024: 1,024 silent connections (no token needed)
     would take every descriptor, and the server could then open no file
@@ -53,7 +55,7 @@ def parking_room(max_parked: int, max_workers: int) -> int:
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
         return max_parked
-    return max(1, min(max_parked, soft // 2 - max_workers - 1))
+    return max(1, min(max_parked, soft // 2 - max_workers - MAX_LINGERING - 1))
 
 
 class PooledHTTPServer(HTTPServer):
@@ -67,8 +69,9 @@ class PooledHTTPServer(HTTPServer):
     `parking_room`); beyond that the accept loop waits and new ones queue in
     the listen backlog. One client address holds at most
     `max_connections_per_client` connections open, parked or served
-    (`client_connections`); the accept loop answers one more 503 and closes
-    it at once. `saturated` is true while a connection with
+    (`client_connections`); the accept loop answers one more 503 at once,
+    and the parking thread drains it briefly before closing it
+    (`http_linger`), so a client still sending reads the answer. `saturated` is true while a connection with
     a request waits for a worker: handlers then close keep-alive connections
     after their current answer, so busy clients take turns.
 
@@ -102,6 +105,7 @@ class PooledHTTPServer(HTTPServer):
         self.request_timeout_s = request_timeout_s
         self.min_body_rate = min_body_rate
         self.client_connections = ClientConnections(max_connections_per_client)
+        self.lingering = Lingering(self.shutdown_request)
         self.requests_timed_out = 0
         self.saturated = False
         self._free = threading.Semaphore(max_workers)
@@ -143,11 +147,15 @@ class PooledHTTPServer(HTTPServer):
 
     def process_request(self, request: socket.socket, client_address: Any) -> None:
         """Parks the new connection until it sends something (waiting for room to park it);
-        one over its client's cap is answered 503 and closed instead."""
+        one over its client's cap is answered 503 and left to linger (`http_linger`) instead,
+        or closed at once when too many linger already."""
         connections = self.client_connections
         if not connections.admit(request, client_address[0]):
             answer_over_cap(request, connections.max_per_client)
-            self.shutdown_request(request)
+            if self.lingering.offer(request):
+                self._wake()
+            else:
+                self.shutdown_request(request)
             return
         while not self._park_slots.acquire(timeout=0.1):
             if self._closing.is_set() or not self._accepting:
@@ -195,10 +203,14 @@ class PooledHTTPServer(HTTPServer):
                         break
                     parked[request] = (client_address, time.monotonic())
                     selector.register(request, selectors.EVENT_READ)
+                self.lingering.watch(selector)
                 for key, _ in selector.select(timeout=0.1):
                     if key.fileobj is self._wake_reader:
                         with contextlib.suppress(OSError):
                             self._wake_reader.recv(4096)
+                        continue
+                    if key.data is self.lingering:
+                        self.lingering.read(key.fileobj, selector)
                         continue
                     request = key.fileobj
                     selector.unregister(request)
@@ -213,9 +225,11 @@ class PooledHTTPServer(HTTPServer):
                     del parked[request]
                     self._park_slots.release()
                     self.shutdown_request(request)
+                self.lingering.expire(selector)
         finally:
             for request in parked:
                 self.shutdown_request(request)
+            self.lingering.close_all(selector)
             selector.close()
 
     def _dispatch(self, request: socket.socket, client_address: Any) -> None:

@@ -116,8 +116,9 @@ class PolicyServer:
     the workers. One client address holds at most `max_connections_per_client`
     connections open (default: `MAX_CONNECTIONS_PER_CLIENT`, or num_envs + 16
     when that is more, so one simulator host can run every episode slot at
-    once); one more gets 503 with `Retry-After` and is closed at once, counted
-    in `client_connections.refused`: one host cannot take every connection.
+    once); one more gets 503 with `Retry-After` at once (drained briefly before
+    it closes, so a client mid-upload reads it: `http_linger`), counted in
+    `client_connections.refused`: one host cannot take every connection.
     """
 
     def __init__(

@@ -13,6 +13,11 @@ where a second attempt cannot do anything twice:
   `retries=0` (a closed idle connection is routine, not a failure);
 - `GET` calls (`info`, `health`: they change nothing) after any connection error.
 
+A request whose send fails on a reset is first answered by what the server
+sent before it closed, if anything: a server refusing a request before its
+body (503 with `Retry-After` over the connection cap, 413, 401) answers and
+closes, and that answer counts as for any request.
+
 A `POST` that may have reached the server (a timeout or a dropped connection
 after sending) is not retried: `get_action`, `log_returns`, uploads and
 weight syncs are not idempotent. The caller gets `PolicyServerUnavailable`
@@ -194,7 +199,13 @@ class HttpTransport:
         except OSError as exc:  # refused, unreachable, connect timeout: nothing was sent
             raise _Failed(exc, sent=False) from exc
         try:
-            connection.request(method, API_PREFIX + name, body=body, headers=self._headers)
+            try:
+                connection.request(method, API_PREFIX + name, body=body, headers=self._headers)
+            except _STALE_CONNECTION_ERRORS:
+                answered = _answer_before_reset(connection)
+                if answered is None:
+                    raise
+                return answered
             response = connection.getresponse()
             return response, response.read()
         except _STALE_CONNECTION_ERRORS as exc:
@@ -251,6 +262,22 @@ class _Failed(Exception):
         self.cause = cause
         self.sent = sent
         self.stale = stale  # a kept-alive connection the server had closed: retry at once
+
+
+def _answer_before_reset(
+    connection: http.client.HTTPConnection,
+) -> tuple[http.client.HTTPResponse, bytes] | None:
+    """The answer a server sent before it closed a request it did not read whole, or None.
+
+    A server refusing a request before its body (503 with `Retry-After`
+    over the connection cap, 413, 401) answers and closes; a reset then
+    fails the send of a big body, but the answer came first and can be read.
+    """
+    try:
+        response = connection.getresponse()
+        return response, response.read()
+    except (OSError, http.client.HTTPException):
+        return None
 
 
 def _seconds(header: str | None) -> float | None:
