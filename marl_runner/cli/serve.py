@@ -126,8 +126,8 @@ def add_serve_parser(commands: Any, common: argparse.ArgumentParser) -> None:
         default=None,
         metavar="N",
         help="connections one client address may hold open, silent or served (default: the "
-        "larger of 64 and num_envs + 16); one more gets 503 with Retry-After and is closed at "
-        "once, so one host cannot take every connection. Behind a reverse proxy every "
+        "larger of 64 and num_envs + 16); one more gets 503 with Retry-After at once and is "
+        "closed, so one host cannot take every connection. Behind a reverse proxy every "
         "connection comes from the proxy's address: raise it to what the proxy opens",
     )
     serve.add_argument(
