@@ -22,12 +22,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from multiprocessing import shared_memory
+from operator import itemgetter
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
 from marl_runner.envs.multi_agent_env import AgentID, MultiAgentDict
+from marl_runner.envs.shared_bulk import BulkReader, BulkWriter
 from marl_runner.envs.shared_key_sets import KeySets
 
 #: The largest block a worker lays out; beyond it every step is pickled.
@@ -351,7 +353,9 @@ class SlotBlock:
         #: Key sets numbered here but not sent yet (the next message carries them).
         self.unsent: list[tuple[int, tuple]] = []
         #: The result codes this side last wrote per sub-env (the block's, unchanged since).
-        self._codes: list[list[int] | None] = [None] * self.layout.num_envs
+        self.written_codes: list[list[int] | None] = [None] * self.layout.num_envs
+        self._bulk_writer = BulkWriter(self)
+        self._bulk_reader = BulkReader(self)
 
     @classmethod
     def create(cls, spec: dict[str, Any], name: str | None) -> SlotBlock:
@@ -386,6 +390,11 @@ class SlotBlock:
     ) -> bool:
         """Put a step request in the block (`local`: env_id -> index in this worker);
         False if an action does not fit. Key sets it numbered wait in `unsent`."""
+        if self._bulk_writer.request(
+            list(map(local.__getitem__, map(itemgetter(0), request))),
+            list(map(itemgetter(1), request)),
+        ):
+            return True
         layout = self.layout
         sets = self.out_sets
         new = self.unsent
@@ -419,6 +428,14 @@ class SlotBlock:
             layout.truncateds.tolist(),
             layout.codes.tolist(),
         )
+
+    def columns(self, copies: tuple, envs: list[int]) -> tuple[list, ...]:
+        """The step results of sub-envs `envs` as `(obs, rewards, terminateds, truncateds,
+        infos)`, one dict per sub-env in each: the whole reply in one pass where it can."""
+        columns = self._bulk_reader.results(copies, envs)
+        if columns is None:
+            columns = tuple(map(list, zip(*self.results(copies, envs)))) or ([],) * 5
+        return columns
 
     def result(self, copies: tuple, env: int) -> list:
         """Sub-env `env`'s step result `[obs, rewards, terminateds, truncateds, infos]`."""
@@ -466,10 +483,20 @@ class SlotBlock:
         slots, keys, prefix = sets.slots, sets.keys, sets.prefix
         read = layout.actions.read
         numbers = layout.action_sets.tolist()
+        if layout.actions.uniform:
+            wanted = [numbers[env] for env in envs]
+            actions = self._bulk_reader.request(snapshot, envs, wanted)
+            if actions is not None:
+                return list(zip(envs, actions))
         return [
             (env, read(snapshot, env, slots[n], keys[n], None, prefix[n]))
             for env, n in zip(envs, [numbers[env] for env in envs])
         ]
+
+    def write_results(self, envs: list[int], results: Sequence[Sequence[Any]]) -> bool:
+        """Put the step results of sub-envs `envs` in the block at once; False: none of
+        them is, write them one by one (`write_result`)."""
+        return bool(results) and self._bulk_writer.reply(envs, results)
 
     def write_result(self, env: int, result: Sequence[Any], new: list[tuple[int, tuple]]) -> bool:
         """Put a step result in the block; False (write it pickled) if part does not fit.
@@ -532,9 +559,9 @@ class SlotBlock:
         if number < 0:
             return False
         code[_INFOS] = number
-        if code != self._codes[env]:  # usually the same key sets as last step: no write
+        if code != self.written_codes[env]:  # usually the same key sets as last step: no write
             layout.codes[env] = code
-            self._codes[env] = code
+            self.written_codes[env] = code
         return True
 
 

@@ -86,8 +86,11 @@ class WorkerHandle:
         conn: Connection,
         block_prefix: str,
         progress: Any,
+        cpu: int | None = None,
     ) -> None:
         self.index = index
+        #: The CPU the worker is pinned to (None: not pinned).
+        self.cpu = cpu
         self.env_ids = env_ids
         self.process = process
         self.conn = conn
@@ -163,7 +166,8 @@ class WorkerLauncher:
             self._context.set_forkserver_preload([worker_main.__module__])
         self._block_prefix = f"mr{os.getpid()}v{next(_pools_made)}"
         self._launches = itertools.count()
-        self._cpus = worker_cpus(num_workers) if pin_workers else [None] * num_workers
+        #: The CPU each worker is pinned to (None: not pinned).
+        self.cpus = worker_cpus(num_workers) if pin_workers else [None] * num_workers
 
     def launch(self, index: int, env_ids: list[EnvID]) -> WorkerHandle:
         """Starts worker `index`; a restart calls it again and gets a fresh block prefix."""
@@ -177,7 +181,7 @@ class WorkerLauncher:
                 self._make_one,
                 env_ids,
                 index,
-                self._cpus[index],
+                self.cpus[index],
                 block_prefix,
                 progress,
                 self._check_spaces,
@@ -187,7 +191,9 @@ class WorkerLauncher:
         )
         process.start()
         child_conn.close()
-        return WorkerHandle(index, env_ids, process, parent_conn, block_prefix, progress)
+        return WorkerHandle(
+            index, env_ids, process, parent_conn, block_prefix, progress, self.cpus[index]
+        )
 
 
 def await_ready(worker: WorkerHandle) -> None:

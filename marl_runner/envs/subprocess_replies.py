@@ -4,6 +4,7 @@ step results for the next poll, reset results for `try_reset`, bad output to rai
 from __future__ import annotations
 
 from collections.abc import Iterable
+from itertools import repeat
 from typing import Any
 
 from marl_runner.envs.base_env import EnvID, PollDicts, put_failure, put_reset
@@ -86,17 +87,19 @@ class Replies:
         _attach_if_new(reader, new_block_name)
         for number, keys in new_sets:
             slots.in_sets.learn(number, keys)
-        copies = None
-        if results is None:  # every result in the block: read in one pass
-            copies = slots.read_results()
-            results = slots.results(copies, [worker.local[env_id] for env_id, _ in in_flight.request])
-        elif None in results:
-            copies = slots.read_results()
         stats.worker_env_s += env_s
         stats.worker_busy_s += busy_s
-        stats.env_steps += len(results)
+        stats.env_steps += len(in_flight.request)
         obs, rewards, terminateds, truncateds, infos, off_policy_actions = self.ready
         local = worker.local
+        if results is None:  # every result in the block: read in one pass
+            env_ids = [env_id for env_id, _ in in_flight.request]
+            columns = slots.columns(slots.read_results(), [local[env_id] for env_id in env_ids])
+            for part, column in zip((obs, rewards, terminateds, truncateds, infos), columns):
+                part.update(zip(env_ids, column))
+            off_policy_actions.update(zip(env_ids, map(dict, repeat((), len(env_ids)))))
+            return
+        copies = slots.read_results() if None in results else None
         for (env_id, _), result in zip(in_flight.request, results):
             if result is None:
                 result = slots.result(copies, local[env_id])

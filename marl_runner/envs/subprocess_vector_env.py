@@ -21,6 +21,7 @@ from marl_runner.envs.base_env import (
 )
 from marl_runner.envs.errors import EnvError
 from marl_runner.envs.multi_agent_env import AgentID, MultiAgentDict, MultiAgentEnv
+from marl_runner.envs.subprocess_cpu import current_cpu
 from marl_runner.envs.subprocess_pool import (
     InFlight,
     SubprocessStats,
@@ -186,6 +187,8 @@ class SubprocessVectorEnv(BaseEnv):
             for w in range(num_workers)
         ]
         self._worker_of_env = [w for w, block in enumerate(env_blocks) for _ in block]
+        #: Whether workers are pinned to CPUs (then the send order matters, see send_actions).
+        self._pinned = any(cpu is not None for cpu in self._launcher.cpus)
         self._workers: list[WorkerHandle] = []
         self._finalizer = weakref.finalize(self, shut_down_all, self._workers)
         try:
@@ -244,9 +247,17 @@ class SubprocessVectorEnv(BaseEnv):
         worker_of_env = self._worker_of_env
         for env_id, env_actions in actions.items():
             requests[worker_of_env[env_id]].append((env_id, env_actions))
+        # Workers pinned to this process's CPU last: waking one hands it this CPU.
+        here = current_cpu() if self._pinned else None
+        last = []
         for worker, request in zip(self._workers, requests):
             if request:
-                self._send_step(worker, request)
+                if here is not None and worker.cpu == here:
+                    last.append((worker, request))
+                else:
+                    self._send_step(worker, request)
+        for worker, request in last:
+            self._send_step(worker, request)
 
     def try_reset(
         self,

@@ -22,6 +22,7 @@ from marl_runner.envs.errors import EnvError
 from marl_runner.envs.multi_agent_env import MultiAgentDict, MultiAgentEnv
 from marl_runner.envs.shared_buffers import SlotBlock, layout_spec
 from marl_runner.envs.shared_obs import SharedObsWriter
+from marl_runner.envs.subprocess_checks import RequestChecks
 from marl_runner.envs.subprocess_protocol import (
     DONE,
     STEP,
@@ -30,6 +31,8 @@ from marl_runner.envs.subprocess_protocol import (
     portable,
     send,
 )
+
+_LISTS = {list}
 
 
 class _SubEnvs:
@@ -48,31 +51,36 @@ class _SubEnvs:
         self.progress = progress if progress is not None else [-1.0, 0.0]
         self.envs: dict[EnvID, MultiAgentEnv] = {}
         self.checks: dict[EnvID, EnvOutputCheck] = {}
+        self.request_checks = RequestChecks(self.checks, check_spaces, self.crash)
 
     def create(self, env_id: EnvID) -> None:
         env = self.make_one(env_id)
         self.envs[env_id] = env
         self.checks[env_id] = EnvOutputCheck(env, env_id, self.check_spaces)
+        self.request_checks.forget()  # a new env: its key tuples are to be checked afresh
 
     def where(self, env_id: EnvID) -> str:
         return f"sub-env {env_id} (worker {self.worker_index})"
 
+    def crash(self, error: BaseException, env_id: EnvID) -> Crash:
+        return Crash(portable(error, self.where(env_id)))
+
     def step(self, env_id: EnvID, actions: MultiAgentDict) -> Any:
+        """The step's result as a list, a Crash or a Malformed; its output checks
+        (`EnvOutputCheck.step`) are the caller's (`RequestChecks`)."""
         env = self.envs[env_id]
         progress = self.progress
         progress[1] = time.monotonic()
         progress[0] = env_id
         try:
             result = check_step_result(env.step(actions), env_id, env)
-            obs, rewards, terminateds, truncateds, infos = result
-            self.checks[env_id].step(obs, rewards, terminateds, truncateds)
         except EnvError as error:
             return Malformed(str(error))
         except BaseException as error:  # KeyboardInterrupt, SystemExit too: the env's doing
-            return Crash(portable(error, self.where(env_id)))
+            return self.crash(error, env_id)
         finally:
             progress[0] = -1.0
-        return [obs, rewards, terminateds, truncateds, infos]
+        return list(result)
 
     def reset(
         self,
@@ -105,13 +113,24 @@ class _SubEnvs:
         resets: dict[EnvID, Any] = {}
         clock = time.perf_counter
         env_s = 0.0
-        for env_id, actions in payload:
+        unchecked: list[int] = []  # results whose output checks run once for all, below
+        for n, (env_id, actions) in enumerate(payload):
             start = clock()
             result = self.step(env_id, actions)
-            if type(result) is list and (result[2]["__all__"] or result[3]["__all__"]):
-                resets[env_id] = self.reset(env_id, None, None, obs_writer)
+            if type(result) is list:
+                if result[2]["__all__"] or result[3]["__all__"]:
+                    result = self.request_checks.check_one(env_id, result)  # before its reset
+                    if type(result) is list:
+                        resets[env_id] = self.reset(env_id, None, None, obs_writer)
+                else:
+                    unchecked.append(n)
             env_s += clock() - start
             results.append(result)
+        if unchecked:
+            checked = [results[n] for n in unchecked]
+            self.request_checks.check_many([payload[n][0] for n in unchecked], checked)
+            for n, result in zip(unchecked, checked):
+                results[n] = result
         return results, resets, env_s
 
 
@@ -193,14 +212,21 @@ def _step_reply(
     `(new_block_name, results, resets, new_key_sets)` to pickle."""
     new: list[tuple[int, tuple]] = []
     pickled = bool(resets)
-    for n, ((env_id, _), result) in enumerate(zip(request, results)):
-        if type(result) is not list:
-            pickled = True
-        elif slots is not None and slots.write_result(local[env_id], result, new):
-            results[n] = None
-        else:
-            result[0] = obs_writer.pack(result[0])
-            pickled = True
+    if (
+        slots is not None
+        and set(map(type, results)) == _LISTS
+        and slots.write_results([local[env_id] for env_id, _ in request], results)
+    ):
+        results = [None] * len(results)  # all in the block, written in one pass
+    else:
+        for n, ((env_id, _), result) in enumerate(zip(request, results)):
+            if type(result) is not list:
+                pickled = True
+            elif slots is not None and slots.write_result(local[env_id], result, new):
+                results[n] = None
+            else:
+                result[0] = obs_writer.pack(result[0])
+                pickled = True
     if not pickled and not new:
         return None
     return obs_writer.new_block_name(), results, resets, new
