@@ -57,8 +57,12 @@ def test_slow_sub_env_does_not_hold_back_the_fast_ones(ray_local) -> None:
     check_complete_episodes(batch, episode_len=5)
     counts = {env_id: len(episodes) for env_id, episodes in episodes_per_env(batch).items()}
     slow = counts.get(0, 0)
-    # sub-env 0 needs >= 0.25 s an episode; the others step as fast as the runner goes
-    assert counts[1] >= 3 * max(slow, 1) and counts[2] >= 3 * max(slow, 1), counts
+    fast = counts.get(1, 0) + counts.get(2, 0)
+    # Sub-env 0 needs >= 0.25 s an episode; the others step as fast as the runner goes.
+    # Held back, all three would play alike (fast == 2 * slow). The fast ones are judged
+    # together: on a loaded machine the OS may starve one actor's process, which no
+    # poll can help.
+    assert fast >= 6 * max(slow, 1), counts
 
 
 def test_killed_env_actor_is_a_faulty_sub_env_and_is_recreated(ray_local) -> None:
