@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from itertools import chain, repeat
-from operator import attrgetter, itemgetter
+from operator import attrgetter, is_, itemgetter
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -103,6 +103,8 @@ class BulkWriter:
         #: Per field of a reply (obs, rewards, terminateds, truncateds, infos): the key
         #: tuples of its last reply and their numbers (the same most rounds: no hashing).
         self._last: list[tuple[list[tuple], list[int | None]]] = [([], [])] * 5
+        #: The number lists (per field) whose slots were last found fitting.
+        self._checked_numbers: list[list[int | None]] = [[None]] * 5
 
     def _numbers(self, field: int, keys: list[tuple]) -> list[int | None]:
         """The key set number of each tuple in `keys` (None: not numbered)."""
@@ -164,13 +166,17 @@ class BulkWriter:
         if any(None in field for field in numbers):
             return False  # a key set not numbered yet: the per-sub-env path numbers it
         obs_n, rewards_n, terminateds_n, truncateds_n, infos_n = numbers
-        agent_slots, slots = sets.agent_slots, sets.slots
-        if not all(map(agent_slots.__getitem__, obs_n)) or not all(
-            map(agent_slots.__getitem__, rewards_n)
-        ):
-            return False
-        if None in map(slots.__getitem__, chain(terminateds_n, truncateds_n)):
-            return False
+        # The very number lists checked last time (held there, compared by identity): their
+        # slots fit then and key sets never change.
+        if not all(map(is_, numbers, self._checked_numbers)):
+            agent_slots, slots = sets.agent_slots, sets.slots
+            if not all(map(agent_slots.__getitem__, obs_n)) or not all(
+                map(agent_slots.__getitem__, rewards_n)
+            ):
+                return False
+            if None in map(slots.__getitem__, chain(terminateds_n, truncateds_n)):
+                return False
+            self._checked_numbers = numbers
         leaf = values_of.codecs[0]
         obs_values = _stacked(_values(obs), leaf)
         reward_values = _values(rewards)
