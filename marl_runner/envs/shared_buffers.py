@@ -10,6 +10,10 @@ each dict holds, in which order. Key tuples are numbered by the side that
 writes them as they first appear; a new one travels pickled once, with the
 message that first uses it, so both sides' tables stay equal.
 
+`SlotBlock` writes and reads one sub-env at a time; messages whose sub-envs
+all fit the common case go through in one pass instead (`shared_bulk`), with
+the same block contents and results.
+
 Whatever does not fit (an agent outside `possible_agents`, a value of
 another shape, dtype or type, non-empty infos) sends that sub-env's whole
 result (or the whole request) pickled instead, so what comes out always

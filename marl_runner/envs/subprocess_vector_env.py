@@ -78,7 +78,12 @@ class SubprocessVectorEnv(BaseEnv):
     agents, other shapes or dtypes, non-empty infos), failures and the
     resets sent with episode ends travel pickled (obs dicts of equal-shaped
     arrays then through a second block, see `shared_obs`). Results are
-    copied out when the reply is read, before the worker's next request.
+    copied out when the reply is read, before the worker's next request:
+    obs arrays handed out are the caller's to keep. When every sub-env of a
+    message has the same agents as last round, the whole message goes
+    through the block in one pass (`shared_bulk`); flag dicts that are all
+    False and info dicts of empty infos may then be one dict shared between
+    sub-envs and rounds, read-only (as an env's own may be).
 
     A sub-env exception becomes that sub-env's Exception entry, with the
     worker's traceback in its `__notes__`. A worker that dies (`os._exit`,
@@ -233,7 +238,9 @@ class SubprocessVectorEnv(BaseEnv):
 
     def send_actions(self, actions: dict[EnvID, MultiAgentDict]) -> None:
         """Sends each worker its sub-envs' actions at once (one message per worker), so
-        they step while the caller finishes its round; `poll` collects the results."""
+        they step while the caller finishes its round; `poll` collects the results.
+        A worker pinned to the CPU this process runs on is sent its actions last
+        (`subprocess_cpu`)."""
         prefetched = self._replies.prefetched
         for env_id in actions:
             if not 0 <= env_id < self.num_envs:
