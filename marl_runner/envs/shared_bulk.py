@@ -22,14 +22,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from itertools import chain, repeat
 from operator import attrgetter, is_, itemgetter
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from marl_runner.envs.multi_agent_env import MultiAgentDict
 
-if TYPE_CHECKING:
-    from marl_runner.envs.shared_buffers import SlotBlock, _Leaf
+# `block` arguments are `shared_buffers.SlotBlock`s and `leaf` ones its slot leaves (dtype,
+# shape), typed Any here: shared_buffers imports this module, and imports go one way.
 
 _FLOATS = {float, np.float64, np.float32}
 _INTS = {int}
@@ -71,7 +71,7 @@ class FlatSlots:
         return self._index
 
 
-def _stacked(values: list[Any], leaf: _Leaf) -> np.ndarray | None:
+def _stacked(values: list[Any], leaf: Any) -> np.ndarray | None:
     """`values` as one array `[len(values), *leaf.shape]` if every one is an ndarray of
     the leaf's exact shape and dtype, else None."""
     if (
@@ -90,7 +90,7 @@ def _stacked(values: list[Any], leaf: _Leaf) -> np.ndarray | None:
 class BulkWriter:
     """Writes whole step requests (parent) or replies (worker) into one side's block."""
 
-    def __init__(self, block: SlotBlock) -> None:
+    def __init__(self, block: Any) -> None:
         self.block = block
         layout = block.layout
         slots = block.out_sets.slots
@@ -216,7 +216,7 @@ class BulkWriter:
 class BulkReader:
     """Reads whole step replies out of a copy of the block (the parent's side)."""
 
-    def __init__(self, block: SlotBlock) -> None:
+    def __init__(self, block: Any) -> None:
         self.block = block
         #: Per key set number: a function giving a row's values at its slots, in order.
         self._pickers: dict[int, Callable[[list], Sequence[Any]]] = {}
