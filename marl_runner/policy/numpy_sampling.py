@@ -72,7 +72,11 @@ class NumpyCategoricalSampler:
         rows = np.arange(len(index))
         best = index if mask is None and not explore else dist_inputs.argmax(axis=1)
         shifted = dist_inputs - dist_inputs[rows, best][:, None]
-        normaliser = np.log(np.dot(np.exp(shifted), self._ones))
+        # errstate: OpenBLAS kernels can leave the CPU's invalid-operation flag set on finite
+        # inputs (numpy issue 24067), which numpy then reports as a warning now and then; a
+        # real NaN (a diverged model's logits) still shows in logp.
+        with np.errstate(invalid="ignore"):
+            normaliser = np.log(np.dot(np.exp(shifted), self._ones))
         logp = shifted[rows, index] - normaliser
         return (index + self.start if self.start else index), logp, dist_inputs
 
