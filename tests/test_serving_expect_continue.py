@@ -8,8 +8,11 @@ error status and `Connection: close` instead, and its body is never read.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -27,6 +30,25 @@ def send_head(sock: socket.socket, path: str = "/v1/start_episode", *, method: s
     auth = f"Authorization: Bearer {token}\r\n" if token is not None else ""
     sock.sendall((f"{method} {path} HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: {content_type}\r\n"
                   f"Content-Length: {length}\r\nExpect: 100-continue\r\n{extra}\r\n").encode())
+
+
+@contextlib.contextmanager
+def connected_with_full_budget(monkeypatch, timeout: float) -> Iterator[tuple[socket.socket, Any]]:
+    """A socket (and its reader) to a server whose whole body budget is held by another
+    request, which waits only 0.2 s for room."""
+    from marl_runner.serving import server as server_module
+
+    monkeypatch.setattr(server_module, "BODY_WAIT_S", 0.2)
+    with served(token=TOKEN, max_bytes_in_flight=1000) as handle:
+        held = handle.server.body_budget.open(1000)
+        assert held.grow_to(1000, 1.0)
+        try:
+            address = handle.server.server_address_tuple()
+            with socket.create_connection(address, timeout=timeout) as sock, \
+                    sock.makefile("rb") as reader:
+                yield sock, reader
+        finally:
+            held.close()
 
 
 def read_response(reader) -> tuple[str, dict[str, str], bytes]:
@@ -83,23 +105,12 @@ def test_a_good_request_gets_100_continue_then_its_answer_on_a_connection_kept_a
 
 
 def test_a_body_with_no_room_in_the_memory_budget_gets_503_instead_of_100_continue(monkeypatch):
-    from marl_runner.serving import server as server_module
-
-    monkeypatch.setattr(server_module, "BODY_WAIT_S", 0.2)
-    with served(token=TOKEN, max_bytes_in_flight=1000) as handle:
-        held = handle.server.body_budget.open(1000)
-        assert held.grow_to(1000, 1.0)
-        try:
-            address = handle.server.server_address_tuple()
-            with socket.create_connection(address, timeout=5) as sock, \
-                    sock.makefile("rb") as reader:
-                send_head(sock)
-                line, headers, _ = read_response(reader)
-                assert line.startswith("HTTP/1.1 503 "), line
-                assert headers["retry-after"] == "1" and headers["connection"] == "close"
-                assert reader.read() == b""
-        finally:
-            held.close()
+    with connected_with_full_budget(monkeypatch, timeout=5) as (sock, reader):
+        send_head(sock)
+        line, headers, _ = read_response(reader)
+        assert line.startswith("HTTP/1.1 503 "), line
+        assert headers["retry-after"] == "1" and headers["connection"] == "close"
+        assert reader.read() == b""
 
 
 def test_a_request_after_closing_began_gets_503_instead_of_100_continue():

@@ -21,10 +21,13 @@ import numpy as np
 import pytest
 
 from marl_runner.serving import codec
-from marl_runner.serving import server as server_module
 from marl_runner.serving.http_linger import Lingering
 from marl_runner.serving.transport import HttpTransport
-from tests.test_serving_expect_continue import read_response, send_head
+from tests.test_serving_expect_continue import (
+    connected_with_full_budget,
+    read_response,
+    send_head,
+)
 from tests.test_serving_http import served, wait_for
 
 TOKEN = "secret"
@@ -49,22 +52,13 @@ def send_body_anyway(sock: socket.socket, reader, at_once: bool) -> tuple[str, d
 
 @pytest.mark.parametrize("at_once", [True, False], ids=["sent-at-once", "sent-after-the-503"])
 def test_an_uninvited_body_sent_anyway_still_reads_the_503_for_no_room(monkeypatch, at_once):
-    monkeypatch.setattr(server_module, "BODY_WAIT_S", 0.2)
-    with served(token=TOKEN, max_bytes_in_flight=1000) as handle:
-        held = handle.server.body_budget.open(1000)
-        assert held.grow_to(1000, 1.0)
-        try:
-            address = handle.server.server_address_tuple()
-            with socket.create_connection(address, timeout=10) as sock, \
-                    sock.makefile("rb") as reader:
-                send_head(sock, length=BIG)
-                line, headers, body = send_body_anyway(sock, reader, at_once)
-                assert line.startswith("HTTP/1.1 503 "), (line, body)
-                assert headers["retry-after"] == "1" and headers["connection"] == "close"
-                assert "retry in a moment" in json.loads(body)["error"]
-                assert reader.read() == b""  # the body was drained: an end, not a reset
-        finally:
-            held.close()
+    with connected_with_full_budget(monkeypatch, timeout=10) as (sock, reader):
+        send_head(sock, length=BIG)
+        line, headers, body = send_body_anyway(sock, reader, at_once)
+        assert line.startswith("HTTP/1.1 503 "), (line, body)
+        assert headers["retry-after"] == "1" and headers["connection"] == "close"
+        assert "retry in a moment" in json.loads(body)["error"]
+        assert reader.read() == b""  # the body was drained: an end, not a reset
 
 
 @pytest.mark.parametrize("at_once", [True, False], ids=["sent-at-once", "sent-after-the-503"])

@@ -5,8 +5,8 @@ its obs, reward and flag dicts is an agent the env declares, and the rewards
 are finite. Per sub-env that costs more than a cheap env's step. But a key
 tuple that passed once passes again (the declared agents only grow), so a
 worker stepping the same sub-envs round after round only needs to see that
-their key tuples are those it cleared last time (equal tuples of the same
-key objects: compared by identity) and that the sum of all their rewards is
+their key tuples equal those it cleared last time (the same keys in the same
+order) and that the sum of all their rewards is
 finite; anything else gets the per-sub-env checks, which name what is wrong.
 """
 
@@ -23,9 +23,10 @@ from marl_runner.envs.checks import EnvOutputCheck
 from marl_runner.envs.errors import EnvError
 from marl_runner.envs.subprocess_protocol import Crash, Malformed
 
+#: The fields of a step result whose keys are checked: obs, rewards, terminateds, truncateds.
 _FIELDS = range(4)
 #: Requests (sub-env id tuples) whose cleared key tuples are kept.
-_MAX_CLEARED = 64  # obs, rewards, terminateds, truncateds: the dicts whose keys are checked
+_MAX_CLEARED = 64
 
 
 class RequestChecks:

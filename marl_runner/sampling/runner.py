@@ -281,7 +281,7 @@ class EnvRunner:
             timer.lap("agent_connectors")
             evaluated = self._forward(rows)
             timer.lap("forward")
-            actions = self._run_action_connectors(round_, rows, evaluated, polled.off_policy())
+            actions = self._run_action_connectors(round_, evaluated, polled.off_policy())
             timer.lap("action_connectors")
             self._store(rows, actions.columns)
             timer.lap("store")
@@ -423,7 +423,6 @@ class EnvRunner:
     def _run_action_connectors(
         self,
         round_: Round,
-        rows_by_policy: dict[str, AgentRows],
         evaluated: dict[str, Evaluated],
         off_policy: dict[int, dict],
     ) -> RoundActions:

@@ -23,6 +23,10 @@ CLOSING_COLUMNS = ("rewards", "terminateds", "truncateds", "infos")
 # Columns handed out twice: from the opening row, and from the closing row under a second name.
 PAIRED_COLUMNS = {"obs": "new_obs", "env_state": "new_env_state"}
 KEY_COLUMN = "keys"
+# What a build with no transition returns: no finished keys, no segments (read-only, shared).
+_NO_KEYS = np.zeros(0, np.int64)
+_NO_SEGMENTS = np.zeros((0, 3), np.int64)
+_NO_KEYS.flags.writeable = _NO_SEGMENTS.flags.writeable = False
 
 
 class KeyTable:
@@ -146,14 +150,14 @@ class PolicyTrajectories:
         key, start, stop) for per-trajectory post-processing.
         """
         if not self.rows.size:
-            return None, np.zeros(0, np.int64), np.zeros((0, 3), np.int64)
+            return None, _NO_KEYS, _NO_SEGMENTS
         columns = self.rows.view()
         row_keys = columns[KEY_COLUMN]
         selected = key_mask[row_keys]
         if selected.all():
             chosen, others = None, None
         elif not selected.any():
-            return None, np.zeros(0, np.int64), np.zeros((0, 3), np.int64)
+            return None, _NO_KEYS, _NO_SEGMENTS
         else:
             chosen, others = np.flatnonzero(selected), np.flatnonzero(~selected)
             row_keys = row_keys[chosen]
@@ -174,7 +178,7 @@ class PolicyTrajectories:
         keep = carry if others is None else np.sort(np.concatenate([carry, others]))
         if not opens.any():
             self.rows.keep(keep)
-            return None, finished, np.zeros((0, 3), np.int64)
+            return None, finished, _NO_SEGMENTS
 
         # Per trajectory with transitions (a segment of the batch): key, length, last row.
         group_sizes = np.diff(group_ends, prepend=-1)

@@ -20,6 +20,8 @@ import socket
 import threading
 import time
 
+from marl_runner.serving.http_deadlines import check_counts
+
 logger = logging.getLogger(__name__)
 
 # One address's connections at most. A remote-mode PolicyClient holds one keep-alive
@@ -52,12 +54,7 @@ class ClientConnections:
     """
 
     def __init__(self, max_per_client: int) -> None:
-        if isinstance(max_per_client, bool) or not isinstance(max_per_client, int) or (
-            max_per_client < 1
-        ):
-            raise ValueError(
-                f"max_connections_per_client {max_per_client!r}: expected an int >= 1"
-            )
+        check_counts(max_connections_per_client=max_per_client)
         self.max_per_client = max_per_client
         self.refused = 0
         self._clients: dict[str, _Client] = {}

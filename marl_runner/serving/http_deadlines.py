@@ -52,6 +52,13 @@ def check_limits(**limits: float) -> None:
             raise ValueError(f"{name} {value!r}: expected a finite number > 0")
 
 
+def check_counts(**counts: int) -> None:
+    """Raises ValueError naming a count setting that is not an int >= 1 (bools refused)."""
+    for name, value in counts.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} {value!r}: expected an int >= 1")
+
+
 class _Pace:
     """When the next byte is due: `head_start_s` after `began`, plus `moved` bytes at `rate`."""
 

@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from marl_runner.serving.http_deadlines import check_limits
+from marl_runner.serving.http_deadlines import check_counts, check_limits
 
 # A refused client on a fast link has sent megabytes by then; one still sending after it
 # gets the reset (a `PolicyClient` then reads the answer that came before it).
@@ -47,10 +47,7 @@ class Lingering:
         max_lingering: int = MAX_LINGERING,
         linger_s: float = LINGER_S,
     ) -> None:
-        if isinstance(max_lingering, bool) or not isinstance(max_lingering, int) or (
-            max_lingering < 1
-        ):
-            raise ValueError(f"max_lingering {max_lingering!r}: expected an int >= 1")
+        check_counts(max_lingering=max_lingering)
         check_limits(linger_s=linger_s)
         self.linger_s = linger_s
         self._close = close
