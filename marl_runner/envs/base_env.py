@@ -40,6 +40,13 @@ class BaseEnv(abc.ABC):
         of the sub-envs that have data ready; the first poll returns every
         sub-env's reset obs (empty rewards, `"__all__"` flags False)."""
 
+    def poll_blocks(self) -> PollDicts:
+        """``poll()``, except that sub-envs whose results arrived as one
+        ``step_block.StepBlock`` may have a ``BlockRow`` as their obs entry and no entry
+        in the other five dicts (``step_block.materialize`` makes them dicts). The runner
+        polls this way; a vector env whose results are arrays anyway overrides it."""
+        return self.poll()
+
     @abc.abstractmethod
     def send_actions(self, actions: dict[EnvID, MultiAgentDict]) -> None:
         """Hand each listed sub-env its actions (an empty dict still steps it)."""
