@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple
+
+from marl_runner.envs.step_block import BlockRow
 
 _NOTHING: dict = {}
 
@@ -42,10 +45,12 @@ class SubEnvOutput(NamedTuple):
 
 
 class PollResult(NamedTuple):
-    """``BaseEnv.poll()``'s six dicts (``PollDicts``, by position) by name, each
+    """``BaseEnv.poll_blocks()``'s six dicts (``PollDicts``, by position) by name, each
     ``env_id -> agent_id -> value``.
 
-    A failed sub-env's ``obs`` entry is its Exception (see ``BaseEnv``).
+    A failed sub-env's ``obs`` entry is its Exception (see ``BaseEnv``); a sub-env
+    whose result came in a ``StepBlock`` has its ``BlockRow`` there instead, and no
+    entry in the other dicts.
     """
 
     obs: dict
@@ -56,9 +61,12 @@ class PollResult(NamedTuple):
     off_policy_actions: dict
 
     def of(self, env_id: int) -> SubEnvOutput:
-        """Sub-env ``env_id``'s part (missing dicts read as empty)."""
+        """Sub-env ``env_id``'s part (missing dicts read as empty; a ``BlockRow`` made dicts)."""
+        obs = self.obs[env_id]
+        if type(obs) is BlockRow:
+            return SubEnvOutput(*obs.output())
         return SubEnvOutput(
-            self.obs[env_id],
+            obs,
             self.rewards.get(env_id) or _NOTHING,
             self.terminateds.get(env_id) or _NOTHING,
             self.truncateds.get(env_id) or _NOTHING,
@@ -68,3 +76,15 @@ class PollResult(NamedTuple):
     def off_policy(self) -> dict[int, Any]:
         """``env_id -> agent_id -> action`` the env chose itself, for the sub-envs that did."""
         return {env_id: logged for env_id, logged in self.off_policy_actions.items() if logged}
+
+
+def poll_method(env: Any) -> Callable[[], tuple]:
+    """``env.poll_blocks`` where its class defines it at least as specifically as ``poll``,
+    else ``env.poll``: a subclass or wrapper that changes what ``poll`` hands out (a
+    duck-typed one forwarding the rest by ``__getattr__`` too) is never bypassed."""
+    owners = type(env).__mro__
+    blocks_owner = next((owner for owner in owners if "poll_blocks" in vars(owner)), None)
+    poll_owner = next((owner for owner in owners if "poll" in vars(owner)), None)
+    if blocks_owner is not None and poll_owner is not None and issubclass(blocks_owner, poll_owner):
+        return env.poll_blocks
+    return env.poll

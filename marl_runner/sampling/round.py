@@ -9,33 +9,39 @@ so an exception in the middle of a step leaves no half-filled rows behind.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container, Mapping
-from itertools import chain
+from collections.abc import Callable, Container, Iterable, Mapping
+from itertools import chain, repeat
 from operator import attrgetter, itemgetter
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from connectors.data import AgentRows
+from marl_runner.envs.step_block import BlockRow, StepBlock
 from marl_runner.sampling.env_output import PollResult, SubEnvOutput
 from marl_runner.sampling.episode import AgentSlot, EpisodeLayout, LayoutShape, MultiAgentEpisode
 from marl_runner.sampling.fake_obs import fake_final_obs
 from marl_runner.sampling.rewards import RewardLedger, count_rewards_on_rows
+from marl_runner.sampling.stacked_rows import joined_rows
 from marl_runner.sampling.trajectories import KeyTable
 
 _EMPTY_INFO: dict = {}
 _NOTHING: dict = {}
+# Group slot tables kept (one per layout shape and block agent order; few in practice).
+_MAX_SLOT_TABLES = 4096
 
 
 class PolicyRows:
-    """One policy's rows of one round, as growing lists (cheap to extend group-wise)."""
+    """One policy's rows of one round, as growing lists (cheap to extend group-wise), and
+    the stacked rows of ``StepBlock``s where they came in one."""
 
     __slots__ = (
         "obs", "rewards", "infos", "keys", "terminated_rows", "truncated_rows", "first_rows",
-        "credited_rows",
+        "credited_rows", "stacked",
     )
 
     def __init__(self) -> None:
+        # Rows given one by one; those of blocks are in `stacked`, at their row positions.
         self.obs: list[Any] = []
         self.rewards: list[float] = []
         self.infos: list[Any] = []
@@ -45,6 +51,8 @@ class PolicyRows:
         self.first_rows: list[int] = []
         # Rows of the general path: their reward is what the ledger credited, already counted.
         self.credited_rows: list[int] = []
+        # (first row, obs [n, ...], float64 rewards [n]) per run of rows taken from a block.
+        self.stacked: list[tuple[int, np.ndarray, np.ndarray]] = []
 
     def add(
         self, obs: Any, reward: float, info: Any, key: int,
@@ -64,11 +72,21 @@ class PolicyRows:
         if is_first:
             self.first_rows.append(row)
 
+    def add_stacked(self, obs: np.ndarray, rewards: np.ndarray, keys: Iterable[int]) -> None:
+        """Fast-path rows of a block, already stacked: obs ``[n, ...]``, rewards ``[n]``."""
+        self.stacked.append((len(self.keys), obs, rewards))
+        self.keys.extend(keys)
+        self.infos.extend(repeat(_EMPTY_INFO, len(rewards)))
+
     def to_agent_rows(self, key_table: KeyTable) -> AgentRows:
         """The columns the agent connectors and the policy see (see docs/DESIGN.md)."""
         n = len(self.keys)
         keys = np.array(self.keys, np.int64)
-        rewards = count_rewards_on_rows(key_table.reward_total, keys, self.rewards, self.credited_rows)
+        if self.stacked:
+            obs, given = joined_rows(self.stacked, self.obs, self.rewards)
+        else:
+            obs, given = self.obs, self.rewards
+        rewards = count_rewards_on_rows(key_table.reward_total, keys, given, self.credited_rows)
         flags = {}
         for name, marked in (
             ("terminateds", self.terminated_rows),
@@ -81,7 +99,7 @@ class PolicyRows:
             flags[name] = column
         return AgentRows(
             {
-                "obs": self.obs,
+                "obs": obs,
                 "rewards": rewards,
                 "terminateds": flags["terminateds"],
                 "truncateds": flags["truncateds"],
@@ -136,6 +154,7 @@ class RoundCollector:
         self._original_obs_space = original_obs_space
         self._fake_obs_mode = fake_obs_mode
         self._keep_last_obs = fake_obs_mode == "last"
+        self._slots_of: dict[tuple[LayoutShape, tuple], list[np.ndarray | None]] = {}
 
     def collect_unchanged(
         self,
@@ -147,7 +166,8 @@ class RoundCollector:
         """The fast path, for the whole round at once: every polled sub-env whose agents
         are exactly those of its last round, none done, and whose rewards each go on the
         rewarded agent's own row (``RewardLedger.fast_path_ok``) has its rows copied a
-        policy group at a time from its episode's ``EpisodeLayout``.
+        policy group at a time from its episode's ``EpisodeLayout``; a sub-env given as a
+        ``BlockRow`` meets the flag and reward conditions by what a ``StepBlock`` is.
 
         Returns those sub-envs' episodes, and the other polled sub-envs (``skip``
         excepted, in poll order) for ``collect``.
@@ -156,43 +176,98 @@ class RoundCollector:
         keep_last_obs = self._keep_last_obs
         taken, rest = [], []
         # Sub-envs grouped by layout shape (a turn-based env's sub-envs at different turns
-        # make several): (layouts, obs dicts, reward dicts, info dicts) per shape.
-        alike: dict[LayoutShape, tuple[list, list, list, list]] = {}
+        # make several), each shape's in runs of poll order: a _DictRun of sub-envs given
+        # as dicts, or a _BlockRun of rows of one StepBlock.
+        alike: dict[LayoutShape, list[_DictRun | _BlockRun]] = {}
         for env_id, env_obs in all_obs.items():
             episode = episodes.get(env_id)
-            layout = (
-                episode.layouts.get(tuple(env_obs))
-                if episode is not None and episode.layouts and type(env_obs) is dict
-                else None
-            )
-            if layout is None:
+            if episode is None or not episode.layouts or env_id in skip:
                 if env_id not in skip:
                     rest.append(env_id)
                 continue
+            if type(env_obs) is BlockRow:
+                block = env_obs.block
+                layout = episode.layouts.get(block.agent_ids)
+                if layout is None or episode.rewards.held:
+                    rest.append(env_id)
+                    continue
+                if keep_last_obs:
+                    episode.last_raw_obs.update(zip(block.agent_ids, block.obs[env_obs.index]))
+                taken.append(episode)
+                runs = alike.get(layout.shape)
+                if runs is None:
+                    runs = alike[layout.shape] = []
+                if not runs or type(runs[-1]) is not _BlockRun or runs[-1].block is not block:
+                    runs.append(_BlockRun(block, [], []))
+                runs[-1].indices.append(env_obs.index)
+                runs[-1].layouts.append(layout)
+                continue
+            layout = episode.layouts.get(tuple(env_obs)) if type(env_obs) is dict else None
+            if layout is None:
+                rest.append(env_id)
+                continue
             env_rewards = all_rewards.get(env_id) or _NOTHING
             if (
-                env_id in skip
                 # any(): a flag's truth value, ~2x faster than `True in` (no == per flag).
-                or any((all_terminateds.get(env_id) or _NOTHING).values())
+                any((all_terminateds.get(env_id) or _NOTHING).values())
                 or any((all_truncateds.get(env_id) or _NOTHING).values())
                 or not episode.rewards.fast_path_ok(env_rewards, layout.shape.agent_set)
             ):
-                if env_id not in skip:
-                    rest.append(env_id)
+                rest.append(env_id)
                 continue
             if keep_last_obs:
                 episode.last_raw_obs.update(env_obs)
             taken.append(episode)
-            columns = alike.get(layout.shape)
-            if columns is None:
-                columns = alike[layout.shape] = ([], [], [], [])
-            columns[0].append(layout)
-            columns[1].append(env_obs)
-            columns[2].append(env_rewards)
-            columns[3].append(all_infos.get(env_id) or _NOTHING)
-        for shape, columns in alike.items():
-            _add_alike(round_, shape, *columns)
+            runs = alike.get(layout.shape)
+            if runs is None:
+                runs = alike[layout.shape] = []
+            if not runs or type(runs[-1]) is not _DictRun:
+                runs.append(_DictRun([], [], [], []))
+            run = runs[-1]
+            run.layouts.append(layout)
+            run.obs.append(env_obs)
+            run.rewards.append(env_rewards)
+            run.infos.append(all_infos.get(env_id) or _NOTHING)
+        for shape, runs in alike.items():
+            for run in runs:
+                if type(run) is _DictRun:
+                    _add_alike(round_, shape, run)
+                else:
+                    self._add_block_rows(round_, shape, run)
         return taken, rest
+
+    def _add_block_rows(self, round_: Round, shape: LayoutShape, run: _BlockRun) -> None:
+        """Rows of a run of one block's sub-envs whose agents are grouped alike (``shape``):
+        per policy group, obs and rewards taken out of the block by one index each."""
+        block = run.block
+        obs, rewards = block.obs, block.rewards
+        if len(run.indices) != len(obs):
+            obs, rewards = obs[run.indices], rewards[run.indices]
+        slots = self._group_slots(shape, block.agent_ids)
+        row_shape = obs.shape[2:]
+        for index, ((policy_id, _, _), group_slots) in enumerate(zip(shape.groups, slots)):
+            group_obs = obs if group_slots is None else obs[:, group_slots]
+            group_rewards = rewards if group_slots is None else rewards[:, group_slots]
+            round_.rows_for(policy_id).add_stacked(
+                group_obs.reshape(-1, *row_shape),
+                group_rewards.reshape(-1),
+                chain.from_iterable(map(itemgetter(index), map(_GROUP_KEYS, run.layouts))),
+            )
+
+    def _group_slots(self, shape: LayoutShape, agent_ids: tuple) -> list[np.ndarray | None]:
+        """Per policy group of ``shape``: where its agents sit in a block's ``agent_ids``
+        (None: all of them, in order)."""
+        found = self._slots_of.get((shape, agent_ids))
+        if found is None:
+            if len(self._slots_of) >= _MAX_SLOT_TABLES:
+                self._slots_of.clear()
+            position = {agent_id: slot for slot, agent_id in enumerate(agent_ids)}
+            found = [
+                None if ids == agent_ids else np.array([position[a] for a in ids], np.intp)
+                for _, ids, _ in shape.groups
+            ]
+            self._slots_of[(shape, agent_ids)] = found
+        return found
 
     def collect(self, round_: Round, episode: MultiAgentEpisode, output: SubEnvOutput) -> None:
         """The general path for one sub-env: spawning and dying agents, held rewards,
@@ -275,16 +350,10 @@ class RoundCollector:
         return _Row(slot, fake, None, terminated, truncated, False)
 
 
-def _add_alike(
-    round_: Round,
-    shape: LayoutShape,
-    layouts: list[EpisodeLayout],
-    obs_dicts: list[dict],
-    reward_dicts: list[dict],
-    info_dicts: list[dict],
-) -> None:
-    """Rows of sub-envs whose agents are grouped alike (``shape``): per policy group,
-    each column read from every sub-env's dict by C-level iteration."""
+def _add_alike(round_: Round, shape: LayoutShape, run: _DictRun) -> None:
+    """Rows of sub-envs given as dicts whose agents are grouped alike (``shape``): per
+    policy group, each column read from every sub-env's dict by C-level iteration."""
+    obs_dicts, reward_dicts, info_dicts = run.obs, run.rewards, run.infos
     for index, (policy_id, agent_ids, rows_of) in enumerate(shape.groups):
         rows = round_.rows_for(policy_id)
         rows.obs.extend(rows_of(obs_dicts))
@@ -294,7 +363,24 @@ def _add_alike(
         except KeyError:  # some agents without an info
             infos = [info.get(agent_id, _EMPTY_INFO) for info in info_dicts for agent_id in agent_ids]
         rows.infos.extend(infos)
-        rows.keys.extend(chain.from_iterable(map(itemgetter(index), map(_GROUP_KEYS, layouts))))
+        rows.keys.extend(chain.from_iterable(map(itemgetter(index), map(_GROUP_KEYS, run.layouts))))
+
+
+class _DictRun(NamedTuple):
+    """Fast-path sub-envs given as dicts, one layout shape, in poll order."""
+
+    layouts: list[EpisodeLayout]
+    obs: list[dict]
+    rewards: list[dict]
+    infos: list[dict]
+
+
+class _BlockRun(NamedTuple):
+    """Fast-path sub-envs given as rows ``indices`` of one ``StepBlock``, one layout shape."""
+
+    block: StepBlock
+    indices: list[int]
+    layouts: list[EpisodeLayout]
 
 
 _GROUP_KEYS = attrgetter("group_keys")

@@ -25,7 +25,7 @@ from marl_runner.envs import BaseEnv, make_vector_env
 from marl_runner.envs.errors import EpisodeFault
 from marl_runner.metrics import MetricsCollector, PerfStats, StepTimer
 from marl_runner.policy import Policy
-from marl_runner.sampling.env_output import PollResult, SubEnvOutput
+from marl_runner.sampling.env_output import PollResult, SubEnvOutput, poll_method
 from marl_runner.sampling.episode import AgentSlot
 from marl_runner.sampling.fragments import FragmentBuilder
 from marl_runner.sampling.lifecycle import EpisodeLifecycle, SubEnvError
@@ -80,6 +80,8 @@ class EnvRunner:
         self.callbacks = callbacks or Callbacks()
         self._hooks = overridden_hooks(self.callbacks)
         self._env: BaseEnv = make_vector_env(config)
+        # poll_blocks where the env's poll_blocks is as specific as its poll (env_output).
+        self._poll_env = poll_method(self._env)
         try:
             self.policy_map = PolicyMap(
                 {**config.policies, **(policies or {})},
@@ -302,7 +304,7 @@ class EnvRunner:
     # ---- poll
 
     def _poll(self) -> PollResult:
-        polled = PollResult._make(self._env.poll())
+        polled = PollResult._make(self._poll_env())
         self._unsent.update(polled.obs)
         return polled
 
