@@ -179,6 +179,9 @@ class RoundCollector:
         # make several), each shape's in runs of poll order: a _DictRun of sub-envs given
         # as dicts, or a _BlockRun of rows of one StepBlock.
         alike: dict[LayoutShape, list[_DictRun | _BlockRun]] = {}
+        # The run each shape's next sub-env joins, if of its kind (and, for blocks, block).
+        open_dicts: dict[LayoutShape, _DictRun] = {}
+        open_blocks: dict[LayoutShape, _BlockRun] = {}
         for env_id, env_obs in all_obs.items():
             episode = episodes.get(env_id)
             if episode is None or not episode.layouts or env_id in skip:
@@ -194,13 +197,14 @@ class RoundCollector:
                 if keep_last_obs:
                     episode.last_raw_obs.update(zip(block.agent_ids, block.obs[env_obs.index]))
                 taken.append(episode)
-                runs = alike.get(layout.shape)
-                if runs is None:
-                    runs = alike[layout.shape] = []
-                if not runs or type(runs[-1]) is not _BlockRun or runs[-1].block is not block:
-                    runs.append(_BlockRun(block, [], []))
-                runs[-1].indices.append(env_obs.index)
-                runs[-1].layouts.append(layout)
+                shape = layout.shape
+                block_run = open_blocks.get(shape)
+                if block_run is None or block_run.block is not block:
+                    block_run = open_blocks[shape] = _BlockRun(block, [], [])
+                    alike.setdefault(shape, []).append(block_run)
+                    open_dicts.pop(shape, None)
+                block_run.indices.append(env_obs.index)
+                block_run.layouts.append(layout)
                 continue
             layout = episode.layouts.get(tuple(env_obs)) if type(env_obs) is dict else None
             if layout is None:
@@ -218,12 +222,12 @@ class RoundCollector:
             if keep_last_obs:
                 episode.last_raw_obs.update(env_obs)
             taken.append(episode)
-            runs = alike.get(layout.shape)
-            if runs is None:
-                runs = alike[layout.shape] = []
-            if not runs or type(runs[-1]) is not _DictRun:
-                runs.append(_DictRun([], [], [], []))
-            run = runs[-1]
+            run = open_dicts.get(layout.shape)
+            if run is None:
+                run = open_dicts[layout.shape] = _DictRun([], [], [], [])
+                alike.setdefault(layout.shape, []).append(run)
+                if open_blocks:
+                    open_blocks.pop(layout.shape, None)
             run.layouts.append(layout)
             run.obs.append(env_obs)
             run.rewards.append(env_rewards)
