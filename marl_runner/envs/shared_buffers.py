@@ -12,7 +12,9 @@ message that first uses it, so both sides' tables stay equal.
 
 `SlotBlock` writes and reads one sub-env at a time; messages whose sub-envs
 all fit the common case go through in one pass instead (`shared_bulk`), with
-the same block contents and results.
+the same block contents and results. A reply whose sub-envs all look alike
+(same agents, no flag set, no infos) can also be read as one `StepBlock`
+of arrays, without a dict per sub-env.
 
 Whatever does not fit (an agent outside `possible_agents`, a value of
 another shape, dtype or type, non-empty infos) sends that sub-env's whole
@@ -35,6 +37,7 @@ import numpy as np
 from marl_runner.envs.multi_agent_env import AgentID, MultiAgentDict
 from marl_runner.envs.shared_bulk import BulkReader, BulkWriter
 from marl_runner.envs.shared_key_sets import KeySets
+from marl_runner.envs.step_block import StepBlock
 
 #: The largest block a worker lays out; beyond it every step is pickled.
 MAX_BLOCK_BYTES = 1 << 30
@@ -432,6 +435,11 @@ class SlotBlock:
             layout.truncateds.tolist(),
             layout.codes.tolist(),
         )
+
+    def step_block(self, envs: list[int], env_ids: list[int]) -> StepBlock | None:
+        """The step results of sub-envs `envs` (`env_ids` their global ids) as one
+        `StepBlock`, when they all look alike (see `BulkReader.step_block`); else None."""
+        return self._bulk_reader.step_block(envs, env_ids)
 
     def columns(self, copies: tuple, envs: list[int]) -> tuple[list, ...]:
         """The step results of sub-envs `envs` as `(obs, rewards, terminateds, truncateds,

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from marl_runner.envs.multi_agent_env import MultiAgentDict
+from marl_runner.envs.step_block import StepBlock
 
 # `block` arguments are `shared_buffers.SlotBlock`s and `leaf` ones its slot leaves (dtype,
 # shape), typed Any here: shared_buffers imports this module, and imports go one way.
@@ -222,6 +223,44 @@ class BulkReader:
         self._pickers: dict[int, Callable[[list], Sequence[Any]]] = {}
         #: All-False flag dicts and empty-infos dicts, by (key set number, kind).
         self._shared_dicts: dict[tuple[int, bool | None], MultiAgentDict] = {}
+        #: Every sub-env, in order: a reply of those is read with slices (no index arrays).
+        self._every = list(range(block.layout.num_envs))
+
+    def step_block(self, envs: list[int], env_ids: list[int]) -> StepBlock | None:
+        """The step results of sub-envs `envs` (local indices; `env_ids` their global ids)
+        as one `StepBlock`, or None when they do not fit one: not every sub-env has the
+        same result codes, or those are off this path, or rewards do not name exactly the
+        obs' agents, or a flag is set. Read from the block itself, whose results stay put
+        until the worker is sent its next request; obs and rewards are copied out."""
+        layout = self.block.layout
+        values_of = layout.obs
+        if not envs or not values_of.uniform or values_of.codecs[0].scalar:
+            return None
+        rows = slice(len(envs)) if envs == self._every else np.array(envs, np.intp)
+        codes = layout.codes[rows]
+        first = codes[0]
+        if not (codes == first).all():
+            return None
+        obs_n, rewards_n, terminateds_n, truncateds_n, infos_n, reward_kind, order_n = (
+            first.tolist()
+        )
+        if reward_kind != _FLOAT_REWARDS or order_n != _NO_ORDER or rewards_n != obs_n:
+            return None
+        index = self.block.in_sets.index
+        if (
+            _cells(layout.terminateds, rows, index[terminateds_n]).any()
+            or _cells(layout.truncateds, rows, index[truncateds_n]).any()
+        ):
+            return None
+        return StepBlock(
+            env_ids,
+            self.block.in_sets.keys[obs_n],
+            _cells(values_of.arrays[0], rows, index[obs_n], copy=True),
+            _cells(layout.rewards, rows, index[obs_n], copy=True),
+            self._shared(terminateds_n, False),
+            self._shared(truncateds_n, False),
+            self._shared(infos_n, None),
+        )
 
     def results(self, copies: tuple, envs: list[int]) -> tuple[list, ...] | None:
         """`(obs, rewards, terminateds, truncateds, infos)`, each a list of one dict per
@@ -293,6 +332,17 @@ class BulkReader:
             picker = itemgetter(*slots) if len(slots) > 1 else _single(slots)
             self._pickers[number] = picker
         return picker
+
+
+def _cells(
+    array: np.ndarray, rows: slice | np.ndarray, columns: slice | np.ndarray, copy: bool = False
+) -> np.ndarray:
+    """`array`'s `rows` x `columns` (each a slice or an index array); `copy`: never a view
+    of `array` (only two slices give one)."""
+    if type(rows) is not slice and type(columns) is not slice:
+        return array[np.ix_(rows, columns)]
+    cells = array[rows, columns]
+    return cells.copy() if copy and type(rows) is slice and type(columns) is slice else cells
 
 
 def _single(slots: list[int]) -> Callable[[list], Sequence[Any]]:

@@ -1,5 +1,6 @@
 """SubprocessVectorEnv's replies from its workers, entered until they are handed out:
-step results for the next poll, reset results for `try_reset`, bad output to raise."""
+step results for the next poll (a reply whose sub-envs all look alike as one `StepBlock`,
+in `BaseEnv.poll_blocks`' form), reset results for `try_reset`, bad output to raise."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from marl_runner.envs.base_env import EnvID, PollDicts, put_failure, put_reset
 from marl_runner.envs.errors import EnvError
 from marl_runner.envs.multi_agent_env import MultiAgentDict
 from marl_runner.envs.shared_obs import SharedObs, SharedObsReader
+from marl_runner.envs.step_block import StepBlock
 from marl_runner.envs.subprocess_pool import InFlight, SubprocessStats, WorkerHandle
 from marl_runner.envs.subprocess_protocol import DONE, Crash, Malformed
 from marl_runner.envs.subprocess_restarts import RestartBook
@@ -32,8 +34,9 @@ class Replies:
         self.bad_output: dict[EnvID, EnvError] = {}
 
     def take(self, order: Iterable[EnvID] | None = None) -> PollDicts:
-        """This round's results (sub-envs in `order` if given, whatever order their
-        replies came in); raises the bad output found instead (keeping the results)."""
+        """This round's results in `poll_blocks`' form (sub-envs in `order` if given,
+        whatever order their replies came in); raises the bad output found instead
+        (keeping the results)."""
         if self.bad_output:
             bad, self.bad_output = self.bad_output, {}
             first = next((env_id for env_id in order or () if env_id in bad), next(iter(bad)))
@@ -94,7 +97,12 @@ class Replies:
         local = worker.local
         if results is None:  # every result in the block: read in one pass
             env_ids = [env_id for env_id, _ in in_flight.request]
-            columns = slots.columns(slots.read_results(), [local[env_id] for env_id in env_ids])
+            envs = [local[env_id] for env_id in env_ids]
+            block = slots.step_block(envs, env_ids)
+            if block is not None:
+                self._enter_block(block)
+                return
+            columns = slots.columns(slots.read_results(), envs)
             for part, column in zip((obs, rewards, terminateds, truncateds, infos), columns):
                 part.update(zip(env_ids, column))
             off_policy_actions.update(zip(env_ids, map(dict, repeat((), len(env_ids)))))
@@ -119,6 +127,18 @@ class Replies:
             if type(result) is tuple and type(result[0]) is SharedObs:
                 result = (reader.unpack(result[0]), result[1])
             self.prefetched[env_id] = result
+
+    def _enter_block(self, block: StepBlock) -> None:
+        """A reply read as one StepBlock: a `BlockRow` per sub-env as its obs entry and
+        nothing in the other five dicts (`poll_blocks`' form), dropping what an earlier
+        reply of the same sub-envs left there."""
+        obs, *others = self.ready
+        env_ids = block.env_ids
+        obs.update(zip(env_ids, block.rows()))
+        for part in others:
+            if part and not part.keys().isdisjoint(env_ids):
+                for env_id in env_ids:
+                    part.pop(env_id, None)
 
     def fail(self, env_id: EnvID, error: Exception) -> None:
         """Enter a failure of `env_id` into the next poll's results."""
@@ -167,7 +187,8 @@ def in_order(poll: PollDicts, order: Iterable[EnvID]) -> PollDicts:
         return poll
     rank = {env_id: n for n, env_id in enumerate(wanted)}
     keys.sort(key=lambda env_id: rank.get(env_id, len(rank)))
-    return tuple({env_id: part[env_id] for env_id in keys} for part in poll)
+    # A sub-env with a BlockRow obs has no entry in the other five dicts.
+    return tuple({env_id: part[env_id] for env_id in keys if env_id in part} for part in poll)
 
 
 def empty_poll() -> PollDicts:

@@ -21,6 +21,7 @@ from marl_runner.envs.base_env import (
 )
 from marl_runner.envs.errors import EnvError
 from marl_runner.envs.multi_agent_env import AgentID, MultiAgentDict, MultiAgentEnv
+from marl_runner.envs.step_block import materialize
 from marl_runner.envs.subprocess_cpu import current_cpu
 from marl_runner.envs.subprocess_pool import (
     InFlight,
@@ -83,7 +84,11 @@ class SubprocessVectorEnv(BaseEnv):
     message has the same agents as last round, the whole message goes
     through the block in one pass (`shared_bulk`); flag dicts that are all
     False and info dicts of empty infos may then be one dict shared between
-    sub-envs and rounds, read-only (as an env's own may be).
+    sub-envs and rounds, read-only (as an env's own may be). When, besides,
+    every sub-env of a reply is observed and rewarded by the same agents and
+    sets no flag, `poll_blocks` hands the reply over as one `StepBlock`
+    (obs `[sub-envs, agents, ...]` and rewards copied out of the block), so
+    a runner skips the dicts; `poll` makes it the same dicts as ever.
 
     A sub-env exception becomes that sub-env's Exception entry, with the
     worker's traceback in its `__notes__`. A worker that dies (`os._exit`,
@@ -218,6 +223,11 @@ class SubprocessVectorEnv(BaseEnv):
         return stats
 
     def poll(self) -> PollDicts:
+        return materialize(self.poll_blocks())
+
+    def poll_blocks(self) -> PollDicts:
+        """`poll`, with the sub-envs of a reply that all look alike (same agents, no
+        flag set, no infos, one array obs space) as `BlockRow`s of one `StepBlock`."""
         if self._to_start:
             while self._to_start:
                 worker = self._to_start[0]
