@@ -11,6 +11,7 @@ sub-envs a ``BlockRow`` entry, and whoever needs dicts gets them from
 
 from __future__ import annotations
 
+from itertools import repeat
 from typing import NamedTuple
 
 import numpy as np
@@ -67,6 +68,21 @@ class StepBlock:
             self.infos,
         )
 
+    def outputs(self) -> list[tuple[dict, dict, dict, dict, dict, dict]]:
+        """Every sub-env's ``output`` plus an empty off-policy actions dict, in ``env_ids``
+        order: all six parts of a poll, made in C-level passes over the whole block."""
+        count, agent_ids = len(self.env_ids), self.agent_ids
+        return list(
+            zip(
+                map(dict, map(zip, repeat(agent_ids, count), self.obs)),
+                map(dict, map(zip, repeat(agent_ids, count), self.rewards.tolist())),
+                repeat(self.terminateds, count),
+                repeat(self.truncateds, count),
+                repeat(self.infos, count),
+                map(dict, repeat((), count)),
+            )
+        )
+
     def rows(self) -> list[BlockRow]:
         """One ``BlockRow`` per sub-env, in ``env_ids`` order."""
         return [BlockRow(self, index) for index in range(len(self.env_ids))]
@@ -89,10 +105,15 @@ def materialize(poll: tuple[dict, ...]) -> tuple[dict, ...]:
     obs = poll[0]
     if not any(type(entry) is BlockRow for entry in obs.values()):
         return poll
+    made: dict[int, list] = {}  # id(block) -> its outputs, made once per block
     out: tuple[dict, ...] = ({}, {}, {}, {}, {}, {})
     for env_id, entry in obs.items():
         if type(entry) is BlockRow:
-            for part, value in zip(out, (*entry.output(), {})):
+            block = entry.block
+            outputs = made.get(id(block))
+            if outputs is None:
+                outputs = made[id(block)] = block.outputs()
+            for part, value in zip(out, outputs[entry.index]):
                 part[env_id] = value
             continue
         for part, given in zip(out, poll):
