@@ -13,10 +13,13 @@ from typing import Any
 import numpy as np
 import pytest
 
+from connectors import AgentConnector
+from connectors.data import AgentRows
 from marl_runner import EnvRunner, check_batch_invariants
 from marl_runner.envs import vector_backends
 from marl_runner.envs.base_env import BaseEnv, PollDicts
 from marl_runner.envs.step_block import BlockRow, StepBlock, materialize
+from marl_runner.envs.testing import Round, ScriptedEnv
 from marl_runner.envs.vector_backends import VectorBuild, register_vector_backend
 from marl_runner.envs.vectorize import build_sync
 from marl_runner.sampling.env_output import poll_method
@@ -30,13 +33,15 @@ DYING = "marl_runner.envs.testing.lifecycle_envs:DyingAgentsEnv"
 
 
 class BlockingVectorEnv(BaseEnv):
-    """A sync vector env whose look-alike sub-envs come as blocks of at most 3, cut at random
-    (and a quarter of those that would fit left as dicts)."""
+    """A sync vector env whose look-alike sub-envs come as blocks of at most ``most``, cut
+    at random (``cut`` per sub-env), and a share (``as_dicts``) of those that would fit left
+    as dicts; ``whole`` makes every run of look-alike sub-envs one block."""
 
-    def __init__(self, inner: BaseEnv, seed: int = 0) -> None:
+    def __init__(self, inner: BaseEnv, seed: int = 0, whole: bool = False) -> None:
         self.inner = inner
         self.num_envs = inner.num_envs
         self.rng = np.random.default_rng(seed)
+        self.most, self.cut, self.as_dicts = (inner.num_envs, 0.0, 0.0) if whole else (3, 0.2, 0.25)
         self.blocks_given = 0
         self.rows_given = 0
 
@@ -47,14 +52,14 @@ class BlockingVectorEnv(BaseEnv):
         polled = self.inner.poll()
         runs: list[list[int]] = []
         for env_id in polled[0]:
-            if not _fits_a_block(polled, env_id) or self.rng.random() < 0.25:
+            if not _fits_a_block(polled, env_id) or self.rng.random() < self.as_dicts:
                 runs.append([])  # as dicts (some that would fit too: runs of both kinds mix)
                 continue
             last = runs[-1] if runs else []
             if (
                 not last
-                or len(last) == 3
-                or self.rng.random() < 0.2
+                or len(last) == self.most
+                or self.rng.random() < self.cut
                 or not _alike(polled, last[0], env_id)
             ):
                 runs.append([env_id])
@@ -139,12 +144,14 @@ def blocks_backend(monkeypatch: pytest.MonkeyPatch) -> list[BlockingVectorEnv]:
     monkeypatch.setattr(vector_backends, "_BACKENDS", dict(vector_backends._BACKENDS))
     built: list[BlockingVectorEnv] = []
 
-    def build(spec: VectorBuild) -> BaseEnv:
-        env = BlockingVectorEnv(build_sync(spec))
-        built.append(env)
-        return env
+    for name, whole in (("blocks_test", False), ("whole_blocks_test", True)):
 
-    register_vector_backend("blocks_test", build, doc="Sync sub-envs given as StepBlocks (tests).")
+        def build(spec: VectorBuild, whole: bool = whole) -> BaseEnv:
+            env = BlockingVectorEnv(build_sync(spec), whole=whole)
+            built.append(env)
+            return env
+
+        register_vector_backend(name, build, doc="Sync sub-envs given as StepBlocks (tests).")
     return built
 
 
@@ -156,6 +163,34 @@ def _batches(cfg_args: dict, vectorize: str, steps: int) -> tuple[dict, Any]:
     check_batch_invariants(batch, rollout_fragment_length=cfg.rollout_fragment_length)
     return batch.policy_batches, metrics
 
+
+class LastObsGoneEnv(ScriptedEnv):
+    """a0 and a1 observe alike for six rounds (blocks on the fast path); the episode then
+    ends with only a0's obs, so a1's last transition closes on a fake final obs."""
+
+    def __init__(self) -> None:
+        both = ("a0", "a1")
+        rewarded = {"a0": 1.0, "a1": 0.5}
+        script = [Round(both), *[Round(both, rewarded) for _ in range(6)]]
+        script.append(Round(("a0",), rewarded, truncated=("a0",), end="truncated"))
+        super().__init__(script, both)
+
+
+class DoubleRawObsInPlace(AgentConnector):
+    """A column connector that doubles raw obs in place where the column is an array
+    already (a careless user connector): with blocks that array is the block's."""
+
+    def __call__(self, rows: AgentRows) -> AgentRows:
+        obs = np.asarray(rows["obs"], dtype=np.float32)
+        obs *= 2.0
+        rows["obs"] = obs
+        return rows
+
+
+IN_PLACE_CHAIN = [
+    {"name": "tests.test_runner_step_blocks:DoubleRawObsInPlace"},
+    {"name": "ObsPreprocessorConnector"},
+]
 
 CASES = {
     "cheap_two_policies": dict(
@@ -176,6 +211,13 @@ CASES = {
     ),
     "dying_agents_fake_obs_last": dict(
         env_name=DYING, num_envs=3, rollout_fragment_length=10, seed=2, fake_obs="last",
+    ),
+    # The fake final obs is the agent's last raw obs as the env gave it, not as a
+    # connector changed the block it came in.
+    "last_obs_gone_connector_in_place": dict(
+        env_name="tests.test_runner_step_blocks:LastObsGoneEnv", num_envs=3,
+        rollout_fragment_length=10, seed=2, fake_obs="last",
+        policies={"shared": {"agent_connectors": IN_PLACE_CHAIN}},
     ),
 }
 
@@ -200,6 +242,19 @@ def test_block_batches_equal_sync_batches(case: str, blocks_backend: list) -> No
             np.testing.assert_array_equal(batch[column], other[column], err_msg=column)
     for key in ("episodes", "num_agent_steps", "num_env_steps", "episode_reward_mean"):
         np.testing.assert_equal(sync_metrics[key], block_metrics[key], err_msg=key)
+
+
+def test_a_connector_changing_a_whole_block_in_place_leaves_the_fake_final_obs_alone(
+    blocks_backend: list,
+) -> None:
+    """The sub-envs move in step, so each round is one block, and a policy's obs column is
+    that block's own array; the fake final obs must still be the last obs the env gave."""
+    case = CASES["last_obs_gone_connector_in_place"]
+    sync, _ = _batches(case, "sync", 100)
+    blocks, _ = _batches(case, "whole_blocks_test", 100)
+    assert blocks_backend[0].blocks_given > 10
+    for column in ("obs", "new_obs", "rewards"):
+        np.testing.assert_array_equal(sync["shared"][column], blocks["shared"][column])
 
 
 def test_block_rewards_conserved_per_agent(blocks_backend: list) -> None:

@@ -194,8 +194,10 @@ class RoundCollector:
                 if layout is None or episode.rewards.held:
                     rest.append(env_id)
                     continue
-                if keep_last_obs:
-                    episode.last_raw_obs.update(zip(block.agent_ids, block.obs[env_obs.index]))
+                if keep_last_obs:  # a copy: the block's rows may become a policy's obs column
+                    episode.last_raw_obs.update(
+                        zip(block.agent_ids, block.obs[env_obs.index].copy())
+                    )
                 taken.append(episode)
                 shape = layout.shape
                 block_run = open_blocks.get(shape)
