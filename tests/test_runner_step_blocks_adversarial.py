@@ -593,3 +593,30 @@ def test_block_rows_polled_in_another_order_than_their_block(
     reversed_blocks, _ = _run(cfg_args, "reversed_blocks_test", 30, 1)
     assert built[0].rows_given > 10
     assert_same_batches(sync, reversed_blocks)
+
+
+def ragged_obs(item: Any) -> Any:
+    """Per-item: odd agents keep 2 of their 3 obs values, even ones 1 (rows that do not
+    stack until the next connector pads them)."""
+    item.data["new_obs"] = item.data["new_obs"][: 1 + item.data["agent_index"] % 2]
+    return item
+
+
+class PadRaggedObs(AgentConnector):
+    """A column connector that pads each row's obs back to 3 values."""
+
+    def __call__(self, rows: AgentRows) -> AgentRows:
+        rows["obs"] = np.stack([np.resize(np.asarray(obs, np.float32), 3) for obs in rows["obs"]])
+        return rows
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "connectors.data.AgentRows.from_items re-stacks a per-item connector's rows into an "
+    "array when the column it replaces was one (_stack_column, like=ndarray); with blocks "
+    "the raw obs column is an array, so rows that do not stack raise ConnectorError where "
+    "dicts (a list column) pass them on to the next connector"
+))
+def test_a_per_item_connector_sees_the_same_column_kind_with_blocks(block_rows: list[int]) -> None:
+    chain = [{"name": "LambdaAgentConnector", "fn": f"{HERE}:ragged_obs"},
+             {"name": f"{HERE}:PadRaggedObs"}, {"name": "ObsPreprocessorConnector"}]
+    compare(_chaos(24, policies={"shared": {"agent_connectors": chain}}), block_rows)
