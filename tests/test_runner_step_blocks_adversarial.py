@@ -620,3 +620,24 @@ def test_a_per_item_connector_sees_the_same_column_kind_with_blocks(block_rows: 
     chain = [{"name": "LambdaAgentConnector", "fn": f"{HERE}:ragged_obs"},
              {"name": f"{HERE}:PadRaggedObs"}, {"name": "ObsPreprocessorConnector"}]
     compare(_chaos(24, policies={"shared": {"agent_connectors": chain}}), block_rows)
+
+
+def double_obs_in_place(item: Any) -> Any:
+    """Per-item: doubles the row's raw obs in place (a careless user connector)."""
+    item.data["new_obs"] *= 2
+    return item
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "fake_obs last keeps a copy of a block row's obs (round.collect_unchanged, block "
+    "branch) but the very obs objects of dict rows (collect_unchanged's dict branch and "
+    "RoundCollector.collect: last_raw_obs.update(obs)); a connector doubling raw obs in "
+    "place then doubles a dict row's fake final obs twice, a block row's once"
+))
+def test_an_in_place_per_item_connector_gives_the_same_fake_final_obs_with_blocks(
+    block_rows: list[int],
+) -> None:
+    chain = [{"name": "LambdaAgentConnector", "fn": f"{HERE}:double_obs_in_place"},
+             {"name": "ObsPreprocessorConnector"}]
+    compare(_chaos(25, fake_obs="last", policies={"shared": {"agent_connectors": chain}}),
+            block_rows)
