@@ -214,7 +214,8 @@ def _run(
     cfg_args: dict, vectorize: str, steps: int, calls: int, between: Any = None
 ) -> tuple[list, list[dict]]:
     """``calls`` samples of ``steps`` env steps; ``between(runner, call)`` runs before each
-    call but the first, and may raise (that call is then skipped). Batches and metrics."""
+    call but the first. A RuntimeError saying "planned ..." out of a call is noted and
+    sampling goes on (the runner must recover). Batches, and metrics (the errors last)."""
     workers = {"num_workers": 2} if vectorize == "subprocess" else {}
     cfg = config(**cfg_args, vectorize=vectorize, **workers)
     batches, metrics, errors = [], [], []
@@ -324,9 +325,8 @@ def test_crashing_sub_envs_restarted_equal_sync(block_rows: list[int]) -> None:
     sub-env drifts out of step with the others of its worker."""
     cfg_args = _chaos(13, num_envs=6, env_config={"crash_rate": 0.04},
                       restart_failed_sub_environments=True, max_consecutive_step_failures=50)
-    compare(cfg_args, block_rows, steps=100)
-    sync, metrics = _run(cfg_args, "sync", 100, 1)
-    assert metrics[0]["num_sub_env_restarts"] >= 3
+    metrics = compare(cfg_args, block_rows, steps=100)
+    assert metrics[0]["num_sub_env_restarts"] + metrics[1]["num_sub_env_restarts"] >= 3
 
 
 class RaiseOnCall(AgentConnector):
