@@ -35,6 +35,7 @@ import gymnasium as gym
 import numpy as np
 
 from marl_runner.envs.multi_agent_env import AgentID, MultiAgentDict
+from marl_runner.envs.reply_columns import ReplyColumns
 from marl_runner.envs.shared_bulk import BulkReader, BulkWriter
 from marl_runner.envs.shared_key_sets import KeySets
 from marl_runner.envs.step_block import StepBlock
@@ -487,28 +488,41 @@ class SlotBlock:
 
     def read_request(self) -> list[tuple[int, MultiAgentDict]]:
         """The step request in the block: `(local index, actions)` per sub-env, in order."""
+        return list(zip(*self.read_actions()))
+
+    def read_actions(self) -> tuple[list[int], list[MultiAgentDict]]:
+        """The step request in the block: the local indices of its sub-envs, in order, and
+        their actions (the worker's hot path: one pass where all share one key set)."""
         layout = self.layout
-        count = int(layout.request[0])
-        envs = layout.request[1 : count + 1].tolist()
-        snapshot = layout.actions.snapshot()
+        request = layout.request.tolist()
+        envs = request[1 : request[0] + 1]
+        values_of = layout.actions
+        snapshot = values_of.snapshot()
+        numbers = list(map(layout.action_sets.tolist().__getitem__, envs))
+        if values_of.uniform:
+            actions = self._bulk_reader.request(snapshot, envs, numbers)
+            if actions is not None:
+                return envs, actions
         sets = self.in_sets
         slots, keys, prefix = sets.slots, sets.keys, sets.prefix
-        read = layout.actions.read
-        numbers = layout.action_sets.tolist()
-        if layout.actions.uniform:
-            wanted = [numbers[env] for env in envs]
-            actions = self._bulk_reader.request(snapshot, envs, wanted)
-            if actions is not None:
-                return list(zip(envs, actions))
-        return [
-            (env, read(snapshot, env, slots[n], keys[n], None, prefix[n]))
-            for env, n in zip(envs, [numbers[env] for env in envs])
+        read = values_of.read
+        return envs, [
+            read(snapshot, env, slots[n], keys[n], None, prefix[n])
+            for env, n in zip(envs, numbers)
         ]
 
-    def write_results(self, envs: list[int], results: Sequence[Sequence[Any]]) -> bool:
-        """Put the step results of sub-envs `envs` in the block at once; False: none of
-        them is, write them one by one (`write_result`)."""
-        return bool(results) and self._bulk_writer.reply(envs, results)
+    def write_results(
+        self,
+        envs: list[int],
+        results: Sequence[Sequence[Any]],
+        columns: ReplyColumns | None = None,
+    ) -> bool:
+        """Put the step results of sub-envs `envs` in the block at once (`columns`: theirs,
+        where the caller has them); False: none of them is, write them one by one
+        (`write_result`)."""
+        if not results:
+            return False
+        return self._bulk_writer.reply(envs, ReplyColumns(results) if columns is None else columns)
 
     def write_result(self, env: int, result: Sequence[Any], new: list[tuple[int, tuple]]) -> bool:
         """Put a step result in the block; False (write it pickled) if part does not fit.

@@ -5,26 +5,24 @@ its obs, reward and flag dicts is an agent the env declares, and the rewards
 are finite. Per sub-env that costs more than a cheap env's step. But a key
 tuple that passed once passes again (the declared agents only grow), so a
 worker stepping the same sub-envs round after round only needs to see that
-their key tuples equal those it cleared last time (the same keys in the same
-order) and that the sum of all their rewards is
-finite; anything else gets the per-sub-env checks, which name what is wrong.
+their keys equal those it cleared last time (the same keys in the same order,
+compared as the flat list of `ReplyColumns.keys`, which the slot-block writer
+reads too) and that the sum of all their rewards is finite; anything else
+gets the per-sub-env checks, which name what is wrong.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from itertools import chain
-from operator import itemgetter
 from typing import Any
 
 from marl_runner.envs.base_env import EnvID
 from marl_runner.envs.checks import EnvOutputCheck
 from marl_runner.envs.errors import EnvError
+from marl_runner.envs.reply_columns import REWARDS, ReplyColumns
 from marl_runner.envs.subprocess_protocol import Crash, Malformed
 
-#: The fields of a step result whose keys are checked: obs, rewards, terminateds, truncateds.
-_FIELDS = range(4)
 #: Requests (sub-env id tuples) whose cleared key tuples are kept.
 _MAX_CLEARED = 64
 
@@ -41,8 +39,9 @@ class RequestChecks:
         self._checks = checks
         self._check_spaces = check_spaces
         self._crash = crash
-        #: Sub-env ids of a request -> the key tuples per field that last passed for them.
-        self._cleared: dict[tuple[EnvID, ...], list[list[tuple]]] = {}
+        #: Sub-env ids of a request -> the keys of their results (`ReplyColumns.keys`, infos'
+        #: too) that last passed for them.
+        self._cleared: dict[tuple[EnvID, ...], tuple[list, list[int]]] = {}
 
     def forget(self) -> None:
         """Check every key tuple afresh (a sub-env was recreated: its env may declare
@@ -59,22 +58,25 @@ class RequestChecks:
             return self._crash(error, env_id)
         return result
 
-    def check_many(self, env_ids: Sequence[EnvID], results: list[Any]) -> None:
-        """Check the step results (lists) of sub-envs `env_ids`, replacing each that fails
-        with its Malformed (or Crash) entry, in place."""
+    def check_many(
+        self, env_ids: Sequence[EnvID], results: list[Any], columns: ReplyColumns | None = None
+    ) -> bool:
+        """Check the step results of sub-envs `env_ids`, replacing each that fails with its
+        Malformed (or Crash) entry, in place; True when all passed. `columns`: the
+        results' columns, where the caller has them (the writer reads them next)."""
         if not env_ids:
-            return
-        keys = [list(map(tuple, map(itemgetter(field), results))) for field in _FIELDS]
+            return True
+        if columns is None:
+            columns = ReplyColumns(results)
+        keys = columns.keys()
         request = tuple(env_ids)
         if not self._check_spaces and keys == self._cleared.get(request):
             try:
-                rewards = math.fsum(
-                    chain.from_iterable(map(dict.values, map(itemgetter(1), results)))
-                )
+                rewards = math.fsum(columns.values(REWARDS))
             except (TypeError, ValueError, OverflowError):
                 rewards = math.nan
             if math.isfinite(rewards):
-                return
+                return True
         passed = True
         for n, (env_id, result) in enumerate(zip(env_ids, results)):
             checked = self.check_one(env_id, result)
@@ -85,3 +87,4 @@ class RequestChecks:
             if len(self._cleared) >= _MAX_CLEARED:  # async pools: requests of many subsets
                 self._cleared.clear()
             self._cleared[request] = keys
+        return passed

@@ -20,6 +20,7 @@ from marl_runner.envs.base_env import EnvID, close_quietly
 from marl_runner.envs.checks import EnvOutputCheck, check_reset_result, check_step_result
 from marl_runner.envs.errors import EnvError
 from marl_runner.envs.multi_agent_env import MultiAgentDict, MultiAgentEnv
+from marl_runner.envs.reply_columns import ReplyColumns
 from marl_runner.envs.shared_buffers import SlotBlock, layout_spec
 from marl_runner.envs.shared_obs import SharedObsWriter
 from marl_runner.envs.subprocess_checks import RequestChecks
@@ -32,7 +33,7 @@ from marl_runner.envs.subprocess_protocol import (
     send,
 )
 
-_LISTS = {list}
+_TUPLES = {tuple}
 
 
 class _SubEnvs:
@@ -65,23 +66,6 @@ class _SubEnvs:
     def crash(self, error: BaseException, env_id: EnvID) -> Crash:
         return Crash(portable(error, self.where(env_id)))
 
-    def step(self, env_id: EnvID, actions: MultiAgentDict) -> Any:
-        """The step's result as a list, a Crash or a Malformed; its output checks
-        (`EnvOutputCheck.step`) are the caller's (`RequestChecks`)."""
-        env = self.envs[env_id]
-        progress = self.progress
-        progress[1] = time.monotonic()
-        progress[0] = env_id
-        try:
-            result = check_step_result(env.step(actions), env_id, env)
-        except EnvError as error:
-            return Malformed(str(error))
-        except BaseException as error:  # KeyboardInterrupt, SystemExit too: the env's doing
-            return self.crash(error, env_id)
-        finally:
-            progress[0] = -1.0
-        return list(result)
-
     def reset(
         self,
         env_id: EnvID,
@@ -105,32 +89,58 @@ class _SubEnvs:
         return obs_writer.pack(obs), infos
 
     def step_many(
-        self, payload: Sequence[tuple[EnvID, MultiAgentDict]], obs_writer: SharedObsWriter
-    ) -> tuple[list[Any], dict[EnvID, Any], float]:
+        self,
+        env_ids: Sequence[EnvID],
+        actions: Sequence[MultiAgentDict],
+        obs_writer: SharedObsWriter,
+    ) -> tuple[list[Any], dict[EnvID, Any], float, ReplyColumns | None]:
         """Steps the listed sub-envs; resets those whose episode ended (unseeded,
-        as the parent would) so their reset obs travel with this reply."""
+        as the parent would) so their reset obs travel with this reply.
+
+        Returns each sub-env's result (its step result as a tuple, a Crash or a
+        Malformed), the resets, the time spent in the envs, and the results'
+        columns when none ended or failed and all passed their checks together
+        (the block writer reads those columns next; else None)."""
         results: list[Any] = []
         resets: dict[EnvID, Any] = {}
-        unchecked: list[int] = []  # results whose output checks run once for all, below
-        step = self.step
+        apart: list[int] = []  # results that ended or failed: not checked with the others
+        envs = self.envs
+        progress = self.progress
+        monotonic = time.monotonic
         start = time.perf_counter()  # env time: the loop (its own share is a small part)
-        for n, (env_id, actions) in enumerate(payload):
-            result = step(env_id, actions)
-            if type(result) is list:
-                if result[2]["__all__"] or result[3]["__all__"]:
-                    result = self.request_checks.check_one(env_id, result)  # before its reset
-                    if type(result) is list:
-                        resets[env_id] = self.reset(env_id, None, None, obs_writer)
-                else:
-                    unchecked.append(n)
+        for env_id, env_actions in zip(env_ids, actions):
+            env = envs[env_id]
+            progress[1] = monotonic()
+            progress[0] = env_id
+            try:
+                result = check_step_result(env.step(env_actions), env_id, env)
+            except EnvError as error:
+                result = Malformed(str(error))
+            except BaseException as error:  # KeyboardInterrupt, SystemExit too: the env's doing
+                result = self.crash(error, env_id)
+            finally:
+                progress[0] = -1.0
+            if type(result) is not tuple:
+                apart.append(len(results))
+            elif result[2]["__all__"] or result[3]["__all__"]:
+                apart.append(len(results))
+                result = self.request_checks.check_one(env_id, result)  # before its reset
+                if type(result) is tuple:
+                    resets[env_id] = self.reset(env_id, None, None, obs_writer)
             results.append(result)
         env_s = time.perf_counter() - start
-        if unchecked:
-            checked = [results[n] for n in unchecked]
-            self.request_checks.check_many([payload[n][0] for n in unchecked], checked)
-            for n, result in zip(unchecked, checked):
+        if not apart:
+            columns = ReplyColumns(results)
+            passed = self.request_checks.check_many(env_ids, results, columns)
+            return results, resets, env_s, columns if passed else None
+        ended_or_failed = set(apart)
+        together = [n for n in range(len(results)) if n not in ended_or_failed]
+        if together:
+            checked = [results[n] for n in together]
+            self.request_checks.check_many([env_ids[n] for n in together], checked)
+            for n, result in zip(together, checked):
                 results[n] = result
-        return results, resets, env_s
+        return results, resets, env_s, None
 
 
 def pin_to_cpu(cpu: int) -> None:
@@ -200,31 +210,30 @@ def worker_main(
 
 def _step_reply(
     slots: SlotBlock | None,
-    local: dict[EnvID, int],
-    request: Sequence[tuple[EnvID, MultiAgentDict]],
+    envs: list[int],
     results: list[Any],
     resets: dict[EnvID, Any],
     obs_writer: SharedObsWriter,
+    columns: ReplyColumns | None,
 ) -> tuple | None:
-    """Step results into the slots where they fit (their entry becomes None); None when
-    all did and nothing else needs saying, else the reply's
-    `(new_block_name, results, resets, new_key_sets)` to pickle."""
+    """Step results into the slots of sub-envs `envs` (local indices) where they fit
+    (their entry becomes None); None when all did and nothing else needs saying, else
+    the reply's `(new_block_name, results, resets, new_key_sets)` to pickle, each
+    result not in the block a list (or its Crash or Malformed)."""
     new: list[tuple[int, tuple]] = []
     pickled = bool(resets)
-    if (
-        slots is not None
-        and set(map(type, results)) == _LISTS
-        and slots.write_results([local[env_id] for env_id, _ in request], results)
-    ):
+    if slots is not None and columns is None and set(map(type, results)) == _TUPLES:
+        columns = ReplyColumns(results)  # an episode ended: its reset goes pickled
+    if slots is not None and columns is not None and slots.write_results(envs, results, columns):
         results = [None] * len(results)  # all in the block, written in one pass
     else:
-        for n, ((env_id, _), result) in enumerate(zip(request, results)):
-            if type(result) is not list:
+        for n, (env, result) in enumerate(zip(envs, results)):
+            if type(result) is not tuple:
                 pickled = True
-            elif slots is not None and slots.write_result(local[env_id], result, new):
+            elif slots is not None and slots.write_result(env, result, new):
                 results[n] = None
             else:
-                result[0] = obs_writer.pack(result[0])
+                results[n] = [obs_writer.pack(result[0]), *result[1:]]
                 pickled = True
     if not pickled and not new:
         return None
@@ -275,11 +284,16 @@ def _serve(
             if slots is not None:
                 for number, keys in new_sets:
                     slots.in_sets.learn(number, keys)
-            if request is None:
-                request = [(env_ids[local], actions) for local, actions in slots.read_request()]
+            if request is None:  # in the block: local indices, then the actions
+                indices, actions = slots.read_actions()
+                ids = list(map(env_ids.__getitem__, indices))
+            else:
+                ids = [env_id for env_id, _ in request]
+                actions = [env_actions for _, env_actions in request]
+                indices = list(map(local.__getitem__, ids))
             obs_writer.start_reply()
-            results, resets, env_s = sub_envs.step_many(request, obs_writer)
-            reply = _step_reply(slots, local, request, results, resets, obs_writer)
+            results, resets, env_s, columns = sub_envs.step_many(ids, actions, obs_writer)
+            reply = _step_reply(slots, indices, results, resets, obs_writer, columns)
             busy_s = clock() - start
             if reply is None:
                 slots.layout.times[:] = (env_s, busy_s)
