@@ -112,6 +112,10 @@ def _stack_column(name: str, values: list[Any], like: Any) -> Any:
     try:
         return np.stack([np.asarray(v) for v in values])
     except ValueError as err:
+        if name == "obs" and like is not None:
+            # Raw obs may come stacked or as a list of rows (see AgentRows): rows a
+            # per-item connector made unlike each other stay a list, as they would.
+            return list(values)
         raise ConnectorError(f"column {name!r}: rows do not stack into one array ({err})") from None
 
 

@@ -532,10 +532,6 @@ def test_discrete_obs_come_as_dicts_equal_to_sync(block_rows: list[int]) -> None
     assert block_rows == []  # a scalar leaf: never a block
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "shared_obs.SharedObsWriter.pack copies each obs with row[...] = value, but a row of "
-    "0-d obs is a numpy scalar: TypeError in the worker at its first reset, which dies"
-))
 def test_zero_dim_box_obs_equal_sync(block_rows: list[int]) -> None:
     compare(_chaos(23, env_config={"obs": "box0"}, **INTERLEAVED), block_rows)
 
@@ -578,11 +574,6 @@ def _reversed_blocks(inner: BaseEnv) -> BaseEnv:
     return ReversedBlocks(inner)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "round.RoundCollector._add_block_rows takes the whole block when a run has as many "
-    "rows as the block (len(run.indices) == len(obs)), assuming they come in block order: "
-    "rows listed in another order go to the wrong sub-envs' trajectories"
-))
 def test_block_rows_polled_in_another_order_than_their_block(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -610,12 +601,6 @@ class PadRaggedObs(AgentConnector):
         return rows
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "connectors.data.AgentRows.from_items re-stacks a per-item connector's rows into an "
-    "array when the column it replaces was one (_stack_column, like=ndarray); with blocks "
-    "the raw obs column is an array, so rows that do not stack raise ConnectorError where "
-    "dicts (a list column) pass them on to the next connector"
-))
 def test_a_per_item_connector_sees_the_same_column_kind_with_blocks(block_rows: list[int]) -> None:
     chain = [{"name": "LambdaAgentConnector", "fn": f"{HERE}:ragged_obs"},
              {"name": f"{HERE}:PadRaggedObs"}, {"name": "ObsPreprocessorConnector"}]
@@ -628,12 +613,6 @@ def double_obs_in_place(item: Any) -> Any:
     return item
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "fake_obs last keeps a copy of a block row's obs (round.collect_unchanged, block "
-    "branch) but the very obs objects of dict rows (collect_unchanged's dict branch and "
-    "RoundCollector.collect: last_raw_obs.update(obs)); a connector doubling raw obs in "
-    "place then doubles a dict row's fake final obs twice, a block row's once"
-))
 def test_an_in_place_per_item_connector_gives_the_same_fake_final_obs_with_blocks(
     block_rows: list[int],
 ) -> None:

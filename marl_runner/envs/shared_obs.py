@@ -64,8 +64,8 @@ class SharedObsWriter:
                 return obs
         offset = self._reserve(len(values) * first.nbytes)
         rows = np.ndarray((len(values), *shape), dtype, buffer=self.block.buf, offset=offset)
-        for row, value in zip(rows, values):
-            row[...] = value
+        for index, value in enumerate(values):  # (0-d obs: a row is a scalar, not a view)
+            rows[index] = value
         del rows  # release the buffer export, else the block could not be replaced
         return SharedObs(tuple(obs), dtype.str, shape, offset)
 

@@ -42,16 +42,24 @@ class StepBlock:
         truncateds: dict,
         infos: dict,
     ) -> None:
+        agent_ids = tuple(agent_ids)
         if obs.shape[:2] != (len(env_ids), len(agent_ids)) or rewards.shape != obs.shape[:2]:
             raise ValueError(
                 f"StepBlock of {len(env_ids)} sub-envs x {len(agent_ids)} agents: got obs "
                 f"{obs.shape} and rewards {rewards.shape}; expected both to start with "
                 f"({len(env_ids)}, {len(agent_ids)})"
             )
+        # The runner trusts what a block is (no flag, no info): one check per block.
+        if any(terminateds.values()) or any(truncateds.values()) or any(infos.values()):
+            raise ValueError(
+                f"StepBlock of sub-envs {env_ids}: terminateds {terminateds}, truncateds "
+                f"{truncateds}, infos {infos}; expected no flag set and no info (a sub-env "
+                "that ends or gives infos must come as dicts)"
+            )
         self.env_ids = env_ids
         self.agent_ids = agent_ids
         self.obs = obs
-        self.rewards = rewards
+        self.rewards = np.asarray(rewards, np.float64)
         self.terminateds = terminateds
         self.truncateds = truncateds
         self.infos = infos
@@ -68,7 +76,7 @@ class StepBlock:
             self.infos,
         )
 
-    def outputs(self) -> list[tuple[dict, dict, dict, dict, dict, dict]]:
+    def poll_parts(self) -> list[tuple[dict, dict, dict, dict, dict, dict]]:
         """Every sub-env's ``output`` plus an empty off-policy actions dict, in ``env_ids``
         order: all six parts of a poll, made in C-level passes over the whole block."""
         count, agent_ids = len(self.env_ids), self.agent_ids
@@ -112,7 +120,7 @@ def materialize(poll: tuple[dict, ...]) -> tuple[dict, ...]:
             block = entry.block
             outputs = made.get(id(block))
             if outputs is None:
-                outputs = made[id(block)] = block.outputs()
+                outputs = made[id(block)] = block.poll_parts()
             for part, value in zip(out, outputs[entry.index]):
                 part[env_id] = value
             continue

@@ -18,6 +18,23 @@ def fake_final_obs(space: gym.Space, mode: str, last_obs: Any = None) -> Any:
     return zeros_like_space(space)
 
 
+def kept_copy(obs: Any) -> Any:
+    """``obs`` as the env gave it, for ``last`` mode: arrays copied and dicts and tuples
+    rebuilt, so that a connector changing the round's obs in place cannot change it."""
+    if isinstance(obs, np.ndarray):
+        return obs.copy()
+    if isinstance(obs, dict):
+        return {key: kept_copy(value) for key, value in obs.items()}
+    if isinstance(obs, tuple):
+        return tuple(kept_copy(value) for value in obs)
+    return obs
+
+
+def kept_copies(obs: dict) -> dict:
+    """``kept_copy`` of each agent's obs in an ``agent_id -> obs`` dict."""
+    return {agent_id: kept_copy(value) for agent_id, value in obs.items()}
+
+
 def zeros_like_space(space: gym.Space) -> Any:
     """An all-zero value of ``space`` (the default fake final obs)."""
     if isinstance(space, gym.spaces.Dict):

@@ -20,7 +20,7 @@ from connectors.data import AgentRows
 from marl_runner.envs.step_block import BlockRow, StepBlock
 from marl_runner.sampling.env_output import PollResult, SubEnvOutput
 from marl_runner.sampling.episode import AgentSlot, EpisodeLayout, LayoutShape, MultiAgentEpisode
-from marl_runner.sampling.fake_obs import fake_final_obs
+from marl_runner.sampling.fake_obs import fake_final_obs, kept_copies
 from marl_runner.sampling.rewards import RewardLedger, count_rewards_on_rows
 from marl_runner.sampling.stacked_rows import joined_rows
 from marl_runner.sampling.trajectories import KeyTable
@@ -183,18 +183,22 @@ class RoundCollector:
         open_dicts: dict[LayoutShape, _DictRun] = {}
         open_blocks: dict[LayoutShape, _BlockRun] = {}
         for env_id, env_obs in all_obs.items():
+            if env_id in skip:
+                continue
             episode = episodes.get(env_id)
-            if episode is None or not episode.layouts or env_id in skip:
-                if env_id not in skip:
-                    rest.append(env_id)
+            if episode is None or not episode.layouts:
+                rest.append(env_id)
                 continue
             if type(env_obs) is BlockRow:
                 block = env_obs.block
                 layout = episode.layouts.get(block.agent_ids)
-                if layout is None or episode.rewards.held:
+                # A block's rewards name exactly its agents: only held rewards can stop it.
+                if layout is None or not episode.rewards.fast_path_ok(
+                    _NOTHING, layout.shape.agent_set
+                ):
                     rest.append(env_id)
                     continue
-                if keep_last_obs:  # a copy: the block's rows may become a policy's obs column
+                if keep_last_obs:
                     episode.last_raw_obs.update(
                         zip(block.agent_ids, block.obs[env_obs.index].copy())
                     )
@@ -222,13 +226,13 @@ class RoundCollector:
                 rest.append(env_id)
                 continue
             if keep_last_obs:
-                episode.last_raw_obs.update(env_obs)
+                episode.last_raw_obs.update(kept_copies(env_obs))
             taken.append(episode)
             run = open_dicts.get(layout.shape)
             if run is None:
                 run = open_dicts[layout.shape] = _DictRun([], [], [], [])
                 alike.setdefault(layout.shape, []).append(run)
-                if open_blocks:
+                if open_blocks:  # (none without blocks: the sync path skips the pop)
                     open_blocks.pop(layout.shape, None)
             run.layouts.append(layout)
             run.obs.append(env_obs)
@@ -247,7 +251,7 @@ class RoundCollector:
         per policy group, obs and rewards taken out of the block by one index each."""
         block = run.block
         obs, rewards = block.obs, block.rewards
-        if len(run.indices) != len(obs):
+        if run.indices != list(range(len(obs))):  # some rows, or polled in another order
             obs, rewards = obs[run.indices], rewards[run.indices]
         slots = self._group_slots(shape, block.agent_ids)
         row_shape = obs.shape[2:]
@@ -279,7 +283,7 @@ class RoundCollector:
         """The general path for one sub-env: spawning and dying agents, held rewards,
         episode ends, reset obs."""
         if self._keep_last_obs:
-            episode.last_raw_obs.update(output.obs)
+            episode.last_raw_obs.update(kept_copies(output.obs))
         if output.rewards:
             episode.rewards.receive(output.rewards)
         self._collect_per_agent(round_, episode, output)
