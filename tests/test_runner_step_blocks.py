@@ -300,6 +300,23 @@ def test_step_block_refuses_arrays_that_do_not_match_its_sub_envs_and_agents() -
         StepBlock([0, 1], ("a", "b", "c"), np.zeros((2, 2, 4)), np.zeros((2, 3)), {}, {}, {})
 
 
+@pytest.mark.parametrize(
+    "flags_and_infos",
+    [({"a": True}, {}, {}), ({}, {"__all__": True}, {}), ({}, {}, {"a": {"x": 1}})],
+    ids=["terminated", "truncated", "info"],
+)
+def test_step_block_refuses_a_flag_or_an_info(flags_and_infos: tuple) -> None:
+    """The runner trusts that a block's sub-envs go on and give no info."""
+    with pytest.raises(ValueError, match=r"expected no flag set and no info"):
+        StepBlock([0], ("a",), np.zeros((1, 1, 2)), np.zeros((1, 1)), *flags_and_infos)
+
+
+def test_step_block_takes_agent_ids_as_a_tuple_and_rewards_as_float64() -> None:
+    block = StepBlock([3], ["a", "b"], np.zeros((1, 2, 2)), np.ones((1, 2), np.float32), {}, {}, {})
+    assert block.agent_ids == ("a", "b") and block.rewards.dtype == np.float64
+    assert block.output(0)[1] == {"a": 1.0, "b": 1.0}
+
+
 def test_joined_rows_keeps_row_order_and_stacks_what_stacks() -> None:
     block = np.arange(12, dtype=np.float32).reshape(3, 4)
     loose = [np.full(4, -1.0, np.float32), np.full(4, -2.0, np.float32)]
