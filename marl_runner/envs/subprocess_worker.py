@@ -297,10 +297,16 @@ def _serve(
             busy_s = clock() - start
             if reply is None:
                 slots.layout.times[:] = (env_s, busy_s)
-                if not _send_bytes_quietly(conn, DONE):
-                    return
-                continue
-            reply = (*reply, env_s, busy_s)
+                sent = _send_bytes_quietly(conn, DONE)
+            else:
+                sent = _send_quietly(conn, (*reply, env_s, busy_s))
+            # The round's objects (32 sub-envs of 8 agents: 256 obs arrays, their dicts and
+            # rewards, the columns) are freed now, while the parent reads the reply, rather
+            # than when the next request rebinds these names, with the parent waiting.
+            del actions, results, resets, columns, reply
+            if not sent:
+                return
+            continue
         elif command == "reset":
             obs_writer.start_reply()
             results = [
