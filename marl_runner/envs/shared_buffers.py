@@ -497,7 +497,10 @@ class SlotBlock:
         request = layout.request.tolist()
         envs = request[1 : request[0] + 1]
         values_of = layout.actions
-        snapshot = values_of.snapshot()
+        if values_of.uniform and values_of.codecs[0].scalar:
+            snapshot = values_of.arrays[0].tolist()  # Python ints: a copy in one call
+        else:
+            snapshot = values_of.snapshot()
         numbers = list(map(layout.action_sets.tolist().__getitem__, envs))
         if values_of.uniform:
             actions = self._bulk_reader.request(snapshot, envs, numbers)
