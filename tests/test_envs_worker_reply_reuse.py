@@ -212,5 +212,5 @@ def test_action_dicts_are_new_each_request_and_keep_the_key_order(blocks):
         assert_same(actions, [sent for _, sent in request])
         assert all(type(value) is int for value in actions[0].values())
         handed_out.extend(actions)
-    assert len({id(actions) for actions in handed_out}) == 4
+    assert len({id(given) for given in handed_out}) == 4
     assert handed_out[0] == dict(zip(order, [0, 0, 2]))  # an env may keep its dict
