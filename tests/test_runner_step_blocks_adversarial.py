@@ -519,14 +519,9 @@ def test_an_interrupt_while_a_block_is_read_loses_nothing(
     assert_same_batches(sync, parallel)
 
 
-# ---- bugs found (xfail strict: each turns green when fixed)
+# ---- bugs the review found, each fixed
 
 
-@pytest.mark.xfail(strict=True, raises=AttributeError, reason=(
-    "shared_bulk.BulkReader.results reads a scalar obs leaf's snapshot (a list, "
-    "ObsValues.snapshot tolist()) as an array: `picked.shape` raises AttributeError "
-    "on the first reply whose results are all in the block"
-))
 def test_discrete_obs_come_as_dicts_equal_to_sync(block_rows: list[int]) -> None:
     compare(_chaos(20, env_config={"obs": "discrete"}), block_rows, min_block_rows=0)
     assert block_rows == []  # a scalar leaf: never a block
@@ -536,10 +531,6 @@ def test_zero_dim_box_obs_equal_sync(block_rows: list[int]) -> None:
     compare(_chaos(23, env_config={"obs": "box0"}, **INTERLEAVED), block_rows)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "shared_buffers.ObsValues.write puts an empty obs dict's values ([]) into rows[index] "
-    "of shape (0, 3): numpy raises ValueError in the worker, which dies"
-))
 def test_a_round_without_any_obs_keeps_the_subprocess_worker_alive() -> None:
     cfg_args = dict(env_name=f"{HERE}:NobodyObservesEnv", num_envs=2, rollout_fragment_length=5,
                     seed=21)

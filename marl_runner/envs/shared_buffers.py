@@ -168,6 +168,8 @@ class _Values:
         `order`: the key order of Dict values (gymnasium sorts a Dict space's keys,
         envs hand out their own order); None: the space's."""
         codecs = self.codecs
+        if not values:  # a round in which none of these agents observes
+            return True
         if self.uniform:
             leaf = codecs[0]
             rows = self.arrays[0][env]

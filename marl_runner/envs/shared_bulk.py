@@ -340,7 +340,8 @@ class BulkReader:
         obs_copy, rewards, terminateds, truncateds, codes = copies
         block = self.block
         values_of = block.layout.obs
-        if not envs or not values_of.uniform:
+        # A scalar leaf's copy is a list (its snapshot): the per-sub-env path reads it.
+        if not envs or not values_of.uniform or values_of.codecs[0].scalar:
             return None
         first = codes[envs[0]]
         for env in envs:
@@ -411,7 +412,7 @@ def _dict_maker(keys: tuple, slots: tuple[int, ...]) -> Callable[[Sequence[Any]]
     which builds a pair per key and grows the dict as it goes; the worker makes 32
     such action dicts per request. The source holds only indices, never a key."""
     names = {f"k{i}": key for i, key in enumerate(keys)}
-    items = ", ".join(f"k{i}: row[{slot}]" for i, slot in enumerate(slots))
+    items = ", ".join(f"k{i}: row[{int(slot)}]" for i, slot in enumerate(slots))
     return eval(f"lambda row: {{{items}}}", names)
 
 
