@@ -11,10 +11,10 @@ import pytest
 
 from marl_runner.envs import EnvError, SubprocessVectorEnv, SyncVectorEnv
 from marl_runner.envs.checks import EnvOutputCheck
-from marl_runner.envs.shared_buffers import SlotBlock, layout_spec
 from marl_runner.envs.subprocess_checks import RequestChecks
 from marl_runner.envs.subprocess_protocol import Crash, Malformed
 from marl_runner.envs.testing import CheapEnv, assert_same, play_vector_env
+from tests.helpers_slot_blocks import slot_block_pair
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::UserWarning"),
@@ -27,12 +27,8 @@ AGENTS = ("agent_0", "agent_1", "agent_2", "agent_3")
 @pytest.fixture
 def blocks():
     """A worker's block (writer side) and the parent's view of it, for 3 sub-envs."""
-    spec = layout_spec(CheapEnv(num_agents=4, obs_dim=3), num_envs=3)
-    writer = SlotBlock.create(spec, None)
-    reader = SlotBlock.attach(spec, writer.name)
-    yield writer, reader
-    reader.close()
-    writer.close(unlink=True)
+    with slot_block_pair(num_agents=4, obs_dim=3, num_envs=3) as pair:
+        yield pair
 
 
 def step_result(env: int, keys=AGENTS, done=False, reward=0.5):

@@ -9,7 +9,6 @@ import pytest
 
 from marl_runner.envs import SubprocessVectorEnv, SyncVectorEnv
 from marl_runner.envs.registry import EnvFactory
-from marl_runner.envs.shared_buffers import SlotBlock, layout_spec
 from marl_runner.envs.step_block import BlockRow, StepBlock, materialize
 from marl_runner.envs.testing import (
     CheapEnv,
@@ -18,10 +17,12 @@ from marl_runner.envs.testing import (
     MaskInfoEnv,
     Round,
     ScriptedEnv,
+    assert_identical,
     assert_same,
     play_vector_env,
 )
 from marl_runner.envs.testing.scripted_env import every_round_script
+from tests.helpers_slot_blocks import slot_block_pair
 from tests.test_envs_subprocess_vector import play_per_env
 
 pytestmark = [
@@ -75,21 +76,6 @@ class BlockPolls:
 
     def __getattr__(self, name: str):
         return getattr(self.vec, name)
-
-
-def assert_identical(first, second, path: str = "") -> None:
-    """`assert_same`, and every value of the same type (rewards Python floats, obs
-    arrays of the same dtype and shape)."""
-    assert_same(first, second)
-    assert type(first) is type(second), f"{path}: {type(first)} != {type(second)}"
-    if isinstance(first, np.ndarray):
-        assert (first.dtype, first.shape) == (second.dtype, second.shape), path
-    elif isinstance(first, dict):
-        for key in first:
-            assert_identical(first[key], second[key], f"{path}[{key!r}]")
-    elif isinstance(first, tuple | list):
-        for index, (a, b) in enumerate(zip(first, second)):
-            assert_identical(a, b, f"{path}[{index}]")
 
 
 def test_cheap_env_steady_rounds_are_block_rows_that_materialize_to_poll():
@@ -242,12 +228,8 @@ AGENTS = ("agent_0", "agent_1", "agent_2", "agent_3")
 @pytest.fixture
 def blocks():
     """A worker's block (writer side) and the parent's view of it, for 3 sub-envs."""
-    spec = layout_spec(CheapEnv(num_agents=4, obs_dim=3), num_envs=3)
-    writer = SlotBlock.create(spec, None)
-    reader = SlotBlock.attach(spec, writer.name)
-    yield writer, reader
-    reader.close()
-    writer.close(unlink=True)
+    with slot_block_pair(num_agents=4, obs_dim=3, num_envs=3) as pair:
+        yield pair
 
 
 def step_result(env: int, keys=AGENTS, reward_keys=None, done=False):

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from marl_runner.envs import EnvError, SubprocessVectorEnv, SyncVectorEnv
-from marl_runner.envs.shared_buffers import SlotBlock, layout_spec
-from marl_runner.envs.testing import CheapEnv, assert_same, play_vector_env
+from marl_runner.envs.shared_buffers import SlotBlock
+from marl_runner.envs.testing import CheapEnv, assert_identical, assert_same, play_vector_env
+from tests.helpers_slot_blocks import slot_block_pair
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::UserWarning"),
@@ -70,19 +71,6 @@ def in_place_env(index: int) -> InPlaceEnv:
     return InPlaceEnv()
 
 
-def assert_same_types(first: Any, second: Any, path: str = "value") -> None:
-    """`assert_same` leaves types to `==` (0 == False, float32 arrays equal float64 ones)."""
-    assert type(first) is type(second), f"{path}: {type(first)} != {type(second)}"
-    if isinstance(first, dict):
-        for key in first:
-            assert_same_types(first[key], second[key], f"{path}[{key!r}]")
-    elif isinstance(first, tuple | list):
-        for index, (a, b) in enumerate(zip(first, second)):
-            assert_same_types(a, b, f"{path}[{index}]")
-    elif isinstance(first, np.ndarray):
-        assert first.dtype == second.dtype, f"{path}: {first.dtype} != {second.dtype}"
-
-
 class SnapshotSyncVectorEnv(SyncVectorEnv):
     """Sync hands out the env's own dicts, which InPlaceEnv changes later: keep copies."""
 
@@ -97,8 +85,7 @@ def test_dicts_changed_in_place_reach_the_parent_as_sync_gives_them():
     sync = SnapshotSyncVectorEnv(in_place_env, 6, seed=3)
     with SubprocessVectorEnv(in_place_env, 6, seed=3, num_workers=2) as sub:
         expected, got = play_vector_env(sync, 30), play_vector_env(sub, 30)
-        assert_same(expected, got)
-        assert_same_types(expected, got)
+        assert_identical(expected, got)
         assert sub.stats.pickled_env_steps > 0  # the misfits went pickled ...
         assert sub.stats.pickled_env_steps < sub.stats.env_steps // 2  # ... the rest did not
     sync.stop()
@@ -107,12 +94,8 @@ def test_dicts_changed_in_place_reach_the_parent_as_sync_gives_them():
 @pytest.fixture
 def blocks():
     """A worker's block (writer side) and the parent's view of it, for 2 sub-envs."""
-    spec = layout_spec(CheapEnv(num_agents=3, obs_dim=2), num_envs=2)
-    writer = SlotBlock.create(spec, None)
-    reader = SlotBlock.attach(spec, writer.name)
-    yield writer, reader
-    reader.close()
-    writer.close(unlink=True)
+    with slot_block_pair(num_agents=3, obs_dim=2, num_envs=2) as pair:
+        yield pair
 
 
 def write_and_read(writer: SlotBlock, reader: SlotBlock, results: list[list]) -> tuple[bool, list]:
@@ -173,8 +156,7 @@ def test_the_writer_reads_every_reply_afresh_when_the_same_dicts_change(blocks):
         ]
         went, got = write_and_read(writer, reader, results)
         assert went is in_one_pass, step
-        assert_same(got, results)
-        assert_same_types(got, results)
+        assert_identical(got, results)
 
 
 class GhostInPlaceEnv(CheapEnv):

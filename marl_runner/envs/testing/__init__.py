@@ -8,7 +8,7 @@ handed out, so reward conservation can be checked end to end.
 """
 
 from marl_runner.envs.testing.cheap_env import CheapEnv
-from marl_runner.envs.testing.compare import assert_same
+from marl_runner.envs.testing.compare import assert_identical, assert_same
 from marl_runner.envs.testing.crashing_env import CrashingEnv, CrashingEnvError
 from marl_runner.envs.testing.lifecycle_envs import (
     DyingAgentsEnv,
@@ -55,6 +55,7 @@ __all__ = [
     "TimeLimitEnv",
     "TurnBasedEnv",
     "action_mask",
+    "assert_identical",
     "assert_same",
     "play_episode",
     "play_vector_env",

@@ -35,3 +35,22 @@ def assert_same(first: Any, second: Any, path: str = "") -> None:
         np.testing.assert_array_equal(first, second, err_msg=where)
     else:
         assert first == second, f"{where}: {first!r} != {second!r}"
+
+
+def assert_identical(first: Any, second: Any, path: str = "") -> None:
+    """``assert_same``, and every value of the same type: ``==`` lets 0 equal False,
+    1.0 equal 1 and a float32 array equal a float64 one; a process boundary must not."""
+    assert_same(first, second, path)
+    _assert_same_types(first, second, path or "value")
+
+
+def _assert_same_types(first: Any, second: Any, path: str) -> None:
+    assert type(first) is type(second), f"{path}: {type(first)} != {type(second)}"
+    if isinstance(first, np.ndarray):
+        assert (first.dtype, first.shape) == (second.dtype, second.shape), path
+    elif isinstance(first, dict):
+        for key in first:
+            _assert_same_types(first[key], second[key], f"{path}[{key!r}]")
+    elif isinstance(first, tuple | list):
+        for index, (a, b) in enumerate(zip(first, second)):
+            _assert_same_types(a, b, f"{path}[{index}]")
