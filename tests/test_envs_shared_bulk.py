@@ -108,7 +108,7 @@ def test_a_whole_request_in_one_pass_and_actions_it_leaves_to_the_per_sub_env_pa
         assert reader.write_request({0: 0, 1: 1, 2: 2}, actions)
         for number, keys in reader.take_unsent():
             writer.in_sets.learn(number, keys)
-        assert_same(writer.read_request(), actions)
+        assert_same(list(zip(*writer.read_actions())), actions)
     assert not reader.write_request({0: 0}, [(0, dict(zip(order, [1, True, 0, 0])))])
 
 

@@ -272,10 +272,6 @@ class SlotBlock:
 
     # ---- worker: actions in, results out
 
-    def read_request(self) -> list[tuple[int, MultiAgentDict]]:
-        """The step request in the block: `(local index, actions)` per sub-env, in order."""
-        return list(zip(*self.read_actions()))
-
     def read_actions(self) -> tuple[list[int], list[MultiAgentDict]]:
         """The step request in the block: the local indices of its sub-envs, in order, and
         their actions (the worker's hot path: one pass where all share one key set)."""

@@ -71,17 +71,14 @@ class FlatSlots:
         self._width = width
         self._envs: list[int] | None = None
         self._numbers: list[int] | None = None
-        self._index = np.zeros(0, np.intp)
+        self._index: slice | np.ndarray = slice(0, 0)
 
-    def of(self, envs: list[int], numbers: list[int]) -> np.ndarray:
-        """The positions of sub-env `envs[i]`'s values under key set `numbers[i]`, in order."""
+    def of(self, envs: list[int], numbers: list[int]) -> slice | np.ndarray:
+        """The positions of sub-env `envs[i]`'s values under key set `numbers[i]`, in order
+        (`_positions`)."""
         if numbers == self._numbers and envs == self._envs:
             return self._index
-        slots, width = self._slots, self._width
-        positions = chain.from_iterable(
-            [env * width + slot for slot in slots[number]] for env, number in zip(envs, numbers)
-        )
-        self._index = np.fromiter(positions, np.intp)
+        self._index = _positions(envs, numbers, self._slots, self._width)
         self._envs, self._numbers = envs, numbers
         return self._index
 
@@ -355,7 +352,7 @@ class BulkReader:
         count = len(envs)
         # Obs: one view per agent row of the copy, handed out in sub-env order.
         obs_keys = keys[obs_n]
-        picked = obs_copy if envs == list(range(len(obs_copy))) else obs_copy[envs]
+        picked = obs_copy if envs == self._every else obs_copy[envs]
         if not sets.prefix[obs_n] or len(obs_keys) != picked.shape[1]:
             picked = picked[:, sets.slots[obs_n]]
         rows = iter(picked.reshape(-1, *picked.shape[2:]))
