@@ -169,7 +169,7 @@ def test_mlp_on_image_frames_flattens_them_as_before():
     _, _, extra = policy.compute_actions_from_input_dict({"obs": obs}, explore=False)
     as_floats = obs.reshape(3, -1).astype(np.float32)
     logits, values = policy.model(torch.from_numpy(as_floats))
-    np.testing.assert_allclose(extra["vf_preds"], values.detach().numpy(), rtol=1e-6)
+    np.testing.assert_allclose(extra["vf_preds"], values.detach().numpy(), rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -115,7 +115,7 @@ def test_connect_four_policy_honours_masks_and_evaluate_agrees(explore: bool) ->
     assert rows["action_mask"][np.arange(len(actions)), actions].all()
     logp, _, values = policy.evaluate({**rows, "actions": actions})
     np.testing.assert_allclose(logp.detach().numpy(), extra["action_logp"], rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(values.detach().numpy(), extra["vf_preds"], rtol=1e-6)
+    np.testing.assert_allclose(values.detach().numpy(), extra["vf_preds"], rtol=1e-6, atol=1e-6)
     again = TorchPolicy(space, gym.spaces.Discrete(7), {"seed": 5})
     np.testing.assert_array_equal(
         again.compute_actions_from_input_dict(rows, explore=explore)[0], actions

@@ -15,6 +15,7 @@ from marl_runner.policy.action_spaces import action_feature_size, check_action_m
 from marl_runner.policy.base import EpisodeView, Policy, PolicyOutput
 from marl_runner.policy.gae import compute_gae, parse_gae_config
 from marl_runner.policy.models import build_model, is_recurrent_model
+from marl_runner.policy.numpy_mlp import NumpyMLP
 from marl_runner.policy.numpy_sampling import NumpyCategoricalSampler
 from marl_runner.policy.sequences import sequence_starts, unroll
 from marl_runner.policy.torch_utils import (
@@ -36,7 +37,9 @@ _DEFAULTS: dict[str, Any] = {
     "explore": True,
     "gae": None,
     "view_requirements": {},
+    "cpu_inference": "numpy",
 }
+_CPU_INFERENCE = ("numpy", "torch")
 _VIEW_HINT = "the policy declares it as a view requirement; the agent connectors must provide it"
 _STATE_HINT = (
     "a recurrent policy needs one row of state per agent; the StateBufferConnector adds it"
@@ -57,7 +60,11 @@ class TorchPolicy(Policy):
     ``gae`` (``{gamma, lambda}``: adds advantages/value targets in
     :meth:`postprocess_trajectory`) and ``view_requirements`` (declaring
     ``prev_actions`` / ``prev_rewards`` feeds those columns to the model,
-    one-hot encoded for discrete actions, after the observation).
+    one-hot encoded for discrete actions, after the observation) and
+    ``cpu_inference`` (``numpy``, the default: on CPU the built-in ``mlp``
+    model's sampling forward pass runs in numpy on views of its weights, ~3x
+    faster at sampling sizes, see ``numpy_mlp``; ``torch``: always the torch
+    module, e.g. for hooks added to the model).
 
     Observations: the ``cnn`` model takes image observations (a Box
     ``(H, W, C)``, uint8 frames as the ObsPreprocessorConnector keeps them)
@@ -90,6 +97,11 @@ class TorchPolicy(Policy):
                 f"unknown TorchPolicy config key(s) {unknown}; expected some of {sorted(_DEFAULTS)}"
             )
         super().__init__(observation_space, action_space, {**_DEFAULTS, **config})
+        if self.config["cpu_inference"] not in _CPU_INFERENCE:
+            raise ValueError(
+                f"TorchPolicy config 'cpu_inference' must be one of {list(_CPU_INFERENCE)}, got "
+                f"{self.config['cpu_inference']!r}"
+            )
         if not isinstance(observation_space, gym.spaces.Box):
             raise ValueError(
                 f"TorchPolicy needs a Box observation space (flat Box, or a uint8 image "
@@ -125,6 +137,11 @@ class TorchPolicy(Policy):
         self.network.to(self.device).eval()
 
         self._recurrent = is_recurrent_model(self.model)
+        self._numpy_mlp = (
+            NumpyMLP.for_model(self.model)
+            if self._on_cpu and self.config["cpu_inference"] == "numpy"
+            else None
+        )
         self._initial_state = (
             [s.detach().cpu().numpy().astype(np.float32) for s in self.model.get_initial_state()]
             if self._recurrent
@@ -201,7 +218,7 @@ class TorchPolicy(Policy):
         )
         states = self._state_inputs(input_dict) if self._recurrent else []
         with torch.inference_mode():
-            model_out, values, state_outs = self._forward(model_input, states)
+            model_out, values, state_outs = self._infer(model_input, states)
             if self._numpy_sampler is not None:  # on CPU: .numpy() shares the memory
                 actions, logp, dist_inputs = self._numpy_sampler.act(
                     model_out.numpy(), mask, bool(explore)
@@ -402,6 +419,17 @@ class TorchPolicy(Policy):
         model_out, values, state_outs = self.model(obs_t, states_t)
         return model_out, values.reshape(-1), list(state_outs)
 
+    def _infer(
+        self, model_input: np.ndarray, states: list[np.ndarray]
+    ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        """``_forward`` for sampling (no gradients): in numpy where it can (``numpy_mlp``)."""
+        if self._numpy_mlp is not None:
+            outputs = self._numpy_mlp(model_input)
+            if outputs is not None:
+                logits, values = outputs
+                return torch.from_numpy(logits), torch.from_numpy(values), []
+        return self._forward(model_input, states)
+
     def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
         """``tensor`` on the policy's device; on CPU as it is (``.to`` costs a call)."""
         return tensor if self._on_cpu else tensor.to(self.device)
@@ -419,7 +447,7 @@ class TorchPolicy(Policy):
             state_out = _required_column(batch, f"state_out_{i}", "GAE bootstraps from it")
             next_input[f"state_in_{i}"] = state_out[last]
         with torch.inference_mode():
-            _, values, _ = self._forward(
+            _, values, _ = self._infer(
                 self._model_input(next_input), self._state_inputs(next_input)
             )
             return float(values[0])

@@ -9,8 +9,23 @@ from typing import Any
 
 import numpy as np
 import torch
+from threadpoolctl import threadpool_limits
 
-__all__ = ["packed_to_numpy", "resolve_device", "restore_generator", "seeded_cpu_rng"]
+__all__ = [
+    "limit_inference_threads", "packed_to_numpy", "resolve_device", "restore_generator",
+    "seeded_cpu_rng",
+]
+
+
+def limit_inference_threads(num_threads: int) -> None:
+    """Torch's intra-op threads and numpy's BLAS threads, process-wide.
+
+    Both, because CPU inference runs in either (``numpy_mlp``); an unlimited
+    BLAS would run a few hundred rows' matmuls on every core, fighting the
+    env workers for them.
+    """
+    torch.set_num_threads(num_threads)
+    threadpool_limits(num_threads, user_api="blas")
 
 
 def resolve_device(device: str | torch.device) -> torch.device:

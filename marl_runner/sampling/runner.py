@@ -25,6 +25,7 @@ from marl_runner.envs import BaseEnv, make_vector_env
 from marl_runner.envs.errors import EpisodeFault
 from marl_runner.metrics import MetricsCollector, PerfStats, StepTimer
 from marl_runner.policy import Policy
+from marl_runner.policy.torch_utils import limit_inference_threads
 from marl_runner.sampling.env_output import PollResult, SubEnvOutput, poll_method
 from marl_runner.sampling.episode import AgentSlot
 from marl_runner.sampling.fragments import FragmentBuilder
@@ -72,9 +73,7 @@ class EnvRunner:
         config.check_imports()
         self.config = config
         if config.torch_threads is not None:
-            import torch
-
-            torch.set_num_threads(config.torch_threads)
+            limit_inference_threads(config.torch_threads)
         if callbacks is None and config.callbacks:
             callbacks = import_object(config.callbacks)()
         self.callbacks = callbacks or Callbacks()
