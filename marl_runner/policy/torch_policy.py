@@ -204,10 +204,10 @@ class TorchPolicy(Policy):
         """One forward pass over all rows; ``timestep`` is not used.
 
         Written for the per-call cost (the runner calls it once per policy per
-        round): no device moves or dtype casts that would be no-ops, and either
-        the numpy sampler on the logits' numpy view (Discrete on CPU: small
-        numpy ops cost a fraction of torch's there) or one fused call into the
-        action head.
+        round): no device moves or dtype casts that would be no-ops; on CPU the
+        built-in mlp runs in numpy (``numpy_mlp``) and Discrete actions are
+        drawn in numpy (``numpy_sampling``), small numpy ops costing a fraction
+        of torch's there; otherwise one fused call into the action head.
         """
         explore = self.config["explore"] if explore is None else explore
         model_input = self._model_input(input_dict)
@@ -217,23 +217,16 @@ class TorchPolicy(Policy):
             else None
         )
         states = self._state_inputs(input_dict) if self._recurrent else []
-        with torch.inference_mode():
-            model_out, values, state_outs = self._infer(model_input, states)
-            if self._numpy_sampler is not None:  # on CPU: .numpy() shares the memory
-                actions, logp, dist_inputs = self._numpy_sampler.act(
-                    model_out.numpy(), mask, bool(explore)
-                )
-                values, *state_outs = [t.numpy() for t in (values, *state_outs)]
-            else:
-                mask_t = None if mask is None else self._to_device(torch.from_numpy(mask))
-                actions, logp, dist_inputs = self.action_head.act(
-                    model_out, mask_t, bool(explore), self._generator
-                )
-                outputs = [actions, logp, dist_inputs, values, *state_outs]
-                if self._on_cpu:
-                    actions, logp, dist_inputs, values, *state_outs = [t.numpy() for t in outputs]
-                else:
-                    actions, logp, dist_inputs, values, *state_outs = packed_to_numpy(outputs)
+        model_outputs = self._numpy_mlp(model_input) if self._numpy_mlp is not None else None
+        if model_outputs is not None and self._numpy_sampler is not None:
+            # The whole pass in numpy (numpy_mlp, numpy_sampling): not one torch call.
+            logits, values = model_outputs
+            actions, logp, dist_inputs = self._numpy_sampler.act(logits, mask, bool(explore))
+            state_outs = []
+        else:
+            actions, logp, dist_inputs, values, state_outs = self._torch_actions(
+                model_input, states, model_outputs, mask, bool(explore)
+            )
         extra = {"action_logp": logp, "action_dist_inputs": dist_inputs, "vf_preds": values}
         if actions.dtype != self._action_dtype:
             actions = actions.astype(self._action_dtype)
@@ -418,6 +411,40 @@ class TorchPolicy(Policy):
         states_t = [torch.from_numpy(s).to(self.device) for s in states]
         model_out, values, state_outs = self.model(obs_t, states_t)
         return model_out, values.reshape(-1), list(state_outs)
+
+    def _torch_actions(
+        self,
+        model_input: np.ndarray,
+        states: list[np.ndarray],
+        model_outputs: tuple[np.ndarray, np.ndarray] | None,
+        mask: np.ndarray | None,
+        explore: bool,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[np.ndarray]]:
+        """``(actions, logp, dist_inputs, values, state_outs)`` where torch has a part in
+        it: the model (not the numpy mlp's ``model_outputs``) or the action head."""
+        with torch.inference_mode():
+            if model_outputs is None:
+                model_out, values, state_outs = self._forward(model_input, states)
+            else:
+                model_out, values = map(torch.from_numpy, model_outputs)
+                state_outs = []
+            if self._numpy_sampler is not None:  # on CPU: .numpy() shares the memory
+                actions, logp, dist_inputs = self._numpy_sampler.act(
+                    model_out.numpy(), mask, explore
+                )
+                values, *state_outs = [t.numpy() for t in (values, *state_outs)]
+                return actions, logp, dist_inputs, values, state_outs
+            mask_t = None if mask is None else self._to_device(torch.from_numpy(mask))
+            outputs = [
+                *self.action_head.act(model_out, mask_t, explore, self._generator),
+                values,
+                *state_outs,
+            ]
+            if self._on_cpu:
+                actions, logp, dist_inputs, values, *state_outs = [t.numpy() for t in outputs]
+            else:
+                actions, logp, dist_inputs, values, *state_outs = packed_to_numpy(outputs)
+        return actions, logp, dist_inputs, values, state_outs
 
     def _infer(
         self, model_input: np.ndarray, states: list[np.ndarray]
