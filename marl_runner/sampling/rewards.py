@@ -78,7 +78,8 @@ class RewardLedger:
         others 0.0); else the round needs ``settle``."""
         if self.held:
             return False
-        if rewards.keys() <= observing:
+        # Most rounds: every reward is someone's own, or all are zero (C-level checks).
+        if rewards.keys() <= observing or not any(rewards.values()):
             return True
         return not any(reward for agent_id, reward in rewards.items() if agent_id not in observing)
 
