@@ -88,14 +88,17 @@ def test_cheap_env_steady_rounds_are_block_rows_that_materialize_to_poll():
         from_blocks = play_vector_env(blocks, 15)
         assert_identical(from_blocks, play_vector_env(with_dicts, 15))
     assert_same(sync, from_blocks)
-    # Round 1 numbers the key sets (pickled); from then on every sub-env comes as a
-    # BlockRow except on the round its episode ends (its reset travels pickled with it).
-    assert blocks.block_rows[0] == {} and blocks.block_rows[1] == {}
-    for (poll, _), rows in zip(from_blocks[2:], blocks.block_rows[2:]):
+    # From the first step on (its reply numbers the key sets, pickled beside the block),
+    # every sub-env comes as a BlockRow except on the round its episode ends (its reset
+    # travels pickled with the reply, and the worker's other sub-envs still come as rows).
+    assert blocks.block_rows[0] == {}
+    ended = 0
+    for (poll, _), rows in zip(from_blocks[1:], blocks.block_rows[1:]):
         for env_id in poll[0]:
             assert (env_id in rows) != poll[3][env_id]["__all__"], (env_id, rows)
-    counted = sum(map(len, blocks.block_rows))
-    assert counted == 4 * 10, counted  # 15 polls: 10 steady rounds per sub-env
+            ended += poll[3][env_id]["__all__"]
+    assert ended == 4 * 3  # 14 steps: three episode ends per sub-env
+    assert sum(map(len, blocks.block_rows)) == 4 * 14 - ended
 
 
 def test_replies_that_do_not_look_alike_come_as_dicts_equal_to_sync():

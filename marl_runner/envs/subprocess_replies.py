@@ -12,7 +12,7 @@ from marl_runner.envs.base_env import EnvID, PollDicts, put_failure, put_reset
 from marl_runner.envs.errors import EnvError
 from marl_runner.envs.multi_agent_env import MultiAgentDict
 from marl_runner.envs.shared_obs import SharedObs, SharedObsReader
-from marl_runner.envs.step_block import StepBlock
+from marl_runner.envs.step_block import BlockRow, StepBlock
 from marl_runner.envs.subprocess_pool import InFlight, SubprocessStats, WorkerHandle
 from marl_runner.envs.subprocess_protocol import DONE, Crash, Malformed
 from marl_runner.envs.subprocess_restarts import RestartBook
@@ -108,7 +108,13 @@ class Replies:
             off_policy_actions.update(zip(env_ids, map(dict, repeat((), len(env_ids)))))
             return
         copies = slots.read_results() if None in results else None
+        block_rows = _rows_of_unended(slots, in_flight.request, results, resets, local)
+        self._drop_others(block_rows)
         for (env_id, _), result in zip(in_flight.request, results):
+            row = block_rows.get(env_id)
+            if row is not None:
+                obs[env_id] = row  # in request order, like the sub-envs read apart
+                continue
             if result is None:
                 result = slots.result(copies, local[env_id])
             if type(result) is list:
@@ -132,10 +138,13 @@ class Replies:
         """A reply read as one StepBlock: a `BlockRow` per sub-env as its obs entry and
         nothing in the other five dicts (`poll_blocks`' form), dropping what an earlier
         reply of the same sub-envs left there."""
-        obs, *others = self.ready
-        env_ids = block.env_ids
-        obs.update(zip(env_ids, block.rows()))
-        for part in others:
+        self.ready[0].update(zip(block.env_ids, block.rows()))
+        self._drop_others(block.env_ids)
+
+    def _drop_others(self, env_ids: Iterable[EnvID]) -> None:
+        """What an earlier reply of sub-envs now given as `BlockRow`s left in the other
+        five dicts (a block row has no entry there)."""
+        for part in self.ready[1:]:
             if part and not part.keys().isdisjoint(env_ids):
                 for env_id in env_ids:
                     part.pop(env_id, None)
@@ -169,6 +178,26 @@ class Replies:
                 raise error
             self.bad_output.setdefault(env_id, error)
         return error
+
+
+def _rows_of_unended(
+    slots: Any, request: list, results: list, resets: dict, local: dict[EnvID, int]
+) -> dict[EnvID, BlockRow]:
+    """`BlockRow`s of the sub-envs of a reply that are in the slot block and whose
+    episode did not end (an ended one was reset, its reset pickled with the reply), when
+    they look alike: one episode end in a worker's sub-envs leaves the others' rows
+    on the runner's fast path. Empty when they do not fit one `StepBlock`."""
+    if slots is None:
+        return {}
+    env_ids = [
+        env_id
+        for (env_id, _), result in zip(request, results)
+        if result is None and env_id not in resets
+    ]
+    if not env_ids:
+        return {}
+    block = slots.step_block([local[env_id] for env_id in env_ids], env_ids)
+    return {} if block is None else dict(zip(env_ids, block.rows()))
 
 
 def _attach_if_new(reader: SharedObsReader, block_name: str | None) -> None:
