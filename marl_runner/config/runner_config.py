@@ -132,8 +132,9 @@ class RunnerConfig:
     )
     torch_threads: int | None = _key(
         1,
-        "Torch intra-op threads for inference: small per-round batches run fastest on one "
-        "thread; null leaves torch's setting alone.",
+        "Torch intra-op threads and numpy's BLAS threads for inference (CPU inference runs "
+        "in either): small per-round batches run fastest on one thread; null leaves both "
+        "settings alone.",
     )
     max_consecutive_reset_failures: int = _key(
         5, "A sub-env whose resets fail this many times in a row raises, naming the last error."
