@@ -54,6 +54,7 @@ from benchmarks.profiling import profile_workload
 from benchmarks.report import print_report
 from benchmarks.subprocess_pools import SPEEDUP_WORKLOADS, slow_sub_env, vector_speedup
 from benchmarks.workloads import DEFAULT_WORKLOADS, SUBPROCESS_WORKLOADS, WORKLOADS, get_workload
+from marl_runner.policy.torch_utils import limit_inference_threads
 
 SCHEMA_VERSION = 1
 #: What ``--all`` runs: every report mode but the profile (the soaks run alone).
@@ -170,7 +171,7 @@ def _add_timing_options(parser: argparse.ArgumentParser) -> None:
     timing.add_argument("--seed", type=int, default=0, help="config seed (default 0)")
     timing.add_argument(
         "--torch-threads", type=int, default=1, metavar="N",
-        help="torch.set_num_threads for both sides (default 1)",
+        help="torch and BLAS threads for both sides (limit_inference_threads; default 1)",
     )
 
 
@@ -292,7 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "marl-runner bench: error: expected 0 < --memory-start < --memory-end", file=sys.stderr
         )
         return 2
-    torch.set_num_threads(args.torch_threads)
+    limit_inference_threads(args.torch_threads)
     standalone = _run_standalone(args, settings)
     if standalone is not None:
         return standalone

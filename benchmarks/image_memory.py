@@ -27,9 +27,8 @@ import sys
 import time
 from typing import Any
 
-import torch
-
 from marl_runner import EnvRunner, RunnerConfig
+from marl_runner.policy.torch_utils import limit_inference_threads
 
 PISTONBALL = "pettingzoo.butterfly.pistonball_v6:parallel_env"
 PRE = "ObsPreprocessorConnector"
@@ -121,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="timed windows; median reported")
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
     args = parser.parse_args(argv)
-    torch.set_num_threads(1)
+    limit_inference_threads(1)
     results = []
     for name, (chain, frames) in CHAINS.items():
         results.append(measure(name, chain, frames, args))

@@ -55,14 +55,13 @@ def vector_speedup(
     machine, coming and going, hits sync and subprocess alike.
     """
     # Imported here: worker processes import this module for SlowSubEnv, and need no torch.
-    import torch
-
     from benchmarks.bare_loop import BareLoop
     from benchmarks.measure import time_runner
     from benchmarks.workloads import get_workload
+    from marl_runner.policy.torch_utils import limit_inference_threads
     from marl_runner.sampling.runner import EnvRunner
 
-    torch.set_num_threads(1)  # as the runner sets it (torch_threads: 1), for the bare loop too
+    limit_inference_threads(1)  # as the runner does (torch_threads: 1), for the bare loop too
     rows = []
     for name in workloads:
         workload = get_workload(name)

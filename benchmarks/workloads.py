@@ -42,7 +42,7 @@ class Workload:
     ) -> RunnerConfig:
         """The runner config; defaults everywhere else (default connector chains, CPU).
 
-        ``torch_threads`` is process-wide (the runner calls ``torch.set_num_threads``),
+        ``torch_threads`` is process-wide (the runner limits torch's and BLAS's threads),
         so the bare loop in the same process runs with the same setting.
         """
         data: dict[str, Any] = {

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pickle
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -156,3 +158,34 @@ def test_only_the_built_in_mlp_on_cpu_runs_in_numpy() -> None:
 def test_unknown_cpu_inference_value_is_named() -> None:
     with pytest.raises(ValueError, match=r"'cpu_inference' must be one of \['numpy', 'torch'\], got 'jax'"):
         TorchPolicy(OBS, ACTIONS, {"cpu_inference": "jax"})
+
+
+def test_a_patched_class_forward_leaves_the_forward_to_torch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    torch.manual_seed(0)
+    model = MLPModel(6, 4).eval()
+    numpy_mlp = NumpyMLP(model)
+    rows = _rows()
+    _assert_matches_torch(numpy_mlp, model, rows)
+    original = nn.Linear.forward
+    monkeypatch.setattr(nn.Linear, "forward", lambda self, x: original(self, x) * 2)
+    assert numpy_mlp(rows) is None
+    monkeypatch.undo()
+    _assert_matches_torch(numpy_mlp, model, rows)
+    model.value._call_impl = lambda *args, **kwargs: torch.zeros(len(rows), 1)
+    assert numpy_mlp(rows) is None
+
+
+def test_a_pickled_policy_binds_again_where_it_is_unpickled() -> None:
+    policy = TorchPolicy(OBS, ACTIONS, {"seed": 2})
+    rows = {"obs": _rows(32)}
+    before = policy.compute_actions_from_input_dict(rows, explore=False)[2]
+    copy = pickle.loads(pickle.dumps(policy))
+    assert copy._numpy_mlp._signature == () and copy._numpy_mlp._policy is None
+    with torch.no_grad():
+        for parameter in copy.parameters():
+            parameter.mul_(0.5)  # in place: the unpickled views must be these tensors'
+    after = copy.compute_actions_from_input_dict(rows, explore=False)[2]
+    _assert_matches_torch(copy._numpy_mlp, copy.model, rows["obs"])
+    assert not np.allclose(after["vf_preds"], before["vf_preds"])

@@ -2,8 +2,9 @@
 
 The promise under test: a TorchPolicy's sampling outputs equal what its torch
 module gives (to float32 rounding), whatever was done to the model or its
-weights after the policy was built, and never silently differ. The strict
-xfails are found bugs (each names its cause); the rest guard what held.
+weights after the policy was built, and never silently differ. The changes in
+BROKEN and the non-finite obs broke it when first tried (each names how); the
+rest held from the start.
 tests/test_policy_numpy_mlp.py has the basic equality checks.
 """
 
@@ -180,7 +181,7 @@ def test_a_global_forward_hook_is_run() -> None:
         handle.remove()
 
 
-# --- changes that break the promise: found bugs ------------------------------------------------
+# --- changes that broke the promise when first tried (now fixed) --------------------------------
 
 
 def _head_without_bias(policy: TorchPolicy) -> None:
@@ -204,53 +205,29 @@ def _transpose_in_place(policy: TorchPolicy) -> None:
 
 
 BROKEN = {
-    # numpy_mlp.py:84 `_linear(model.logits)` is outside the try of _bind: its _UnknownLayer
-    # escapes compute_actions (once; the next call declines, as the signature was stored).
-    "spectral_norm parametrization on the value head": (
-        lambda p: parametrizations.spectral_norm(p.model.value),
-        "a head numpy cannot run raises _UnknownLayer out of _bind (numpy_mlp.py:84)",
+    # A head numpy cannot run raised _UnknownLayer out of _bind (outside its try).
+    "spectral_norm parametrization on the value head": lambda p: parametrizations.spectral_norm(
+        p.model.value
     ),
-    "logits head without bias": (
-        _head_without_bias,
-        "a head numpy cannot run raises _UnknownLayer out of _bind (numpy_mlp.py:84)",
+    "logits head without bias": _head_without_bias,
+    # _trunk iterated a non-Sequential trunk (TypeError) or ran a Sequential subclass's
+    # layers, ignoring its forward.
+    "trunk replaced by a single Linear": _trunk_not_a_sequential,
+    "trunk replaced by a Sequential subclass with its own forward": lambda p: setattr(
+        p.model, "value_trunk", _ScaledSequential(*p.model.value_trunk)
     ),
-    # numpy_mlp.py:118-121 _trunk iterates the trunk without checking its type.
-    "trunk replaced by a single Linear": (
-        _trunk_not_a_sequential,
-        "_trunk iterates a non-Sequential trunk: TypeError (numpy_mlp.py:121)",
-    ),
-    "trunk replaced by a Sequential subclass with its own forward": (
-        lambda p: setattr(p.model, "value_trunk", _ScaledSequential(*p.model.value_trunk)),
-        "_trunk runs a Sequential subclass's layers, ignoring its forward (numpy_mlp.py:118)",
-    ),
-    # numpy_mlp.py:103 the signature keys parameters by data_ptr alone.
-    "weight transposed in place": (
-        _transpose_in_place,
-        "same data_ptr, new strides: the stale view is used (numpy_mlp.py:103)",
-    ),
+    # The signature keyed parameters by data_ptr alone: same memory, new strides.
+    "weight transposed in place": _transpose_in_place,
 }
 
 
-@pytest.mark.parametrize(
-    "change",
-    [
-        pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=why))
-        for name, (_, why) in BROKEN.items()
-    ],
-)
+@pytest.mark.parametrize("change", list(BROKEN))
 def test_sampling_follows_the_torch_module_after_a_breaking_change(change: str) -> None:
     policy = _sampled_policy()
-    BROKEN[change][0](policy)
+    BROKEN[change](policy)
     _assert_samples_like_its_torch_module(policy, _rows())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="numpy_mlp.py:61-67 runs its matmuls under numpy's default errstate: non-finite or "
-    "huge obs warn (RuntimeWarning 'invalid value encountered in matmul') where torch is "
-    "silent, and OpenBLAS can set the flag on finite inputs too (numpy #24067, see "
-    "numpy_sampling.py:75)",
-)
 def test_non_finite_obs_sample_without_warnings_as_with_torch() -> None:
     rows = _rows(8)
     rows[1] = np.inf

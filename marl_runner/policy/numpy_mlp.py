@@ -31,6 +31,11 @@ from marl_runner.policy.models import MLPModel
 __all__ = ["NumpyMLP"]
 
 _ACTIVATIONS = {nn.Tanh: np.tanh, nn.ReLU: lambda x, out: np.maximum(x, 0, out=out)}
+# The classes whose forward numpy stands in for, with that forward: a class patched since
+# (a monkeypatch) leaves the model to torch.
+_FORWARDS = tuple((cls, cls.forward) for cls in (MLPModel, nn.Sequential, nn.Linear, *_ACTIVATIONS))
+# Instance attributes that change what calling a module does.
+_CALL_OVERRIDES = frozenset({"forward", "_call_impl"})
 
 
 class NumpyMLP:
@@ -58,20 +63,28 @@ class NumpyMLP:
             self._bind()
         if self._policy is None or rows.dtype != np.float32:
             return None
-        features = _run(self._policy, rows)
-        value_features = features if self._value is None else _run(self._value, rows)
-        (logits_weight, logits_bias), (value_weight, value_bias) = self._heads
-        logits = features @ logits_weight
-        logits += logits_bias
-        values = value_features @ value_weight
-        values += value_bias
+        # Silent on inf/NaN rows as torch is (and on the invalid-operation flag OpenBLAS
+        # can leave set on finite inputs, numpy issue 24067).
+        with np.errstate(invalid="ignore", over="ignore"):
+            features = _run(self._policy, rows)
+            value_features = features if self._value is None else _run(self._value, rows)
+            (logits_weight, logits_bias), (value_weight, value_bias) = self._heads
+            logits = features @ logits_weight
+            logits += logits_bias
+            values = value_features @ value_weight
+            values += value_bias
         return logits, values.reshape(-1)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled unbound: views would travel as copies, and the data pointers they were
+        checked by mean nothing in another process; the first call there binds again."""
+        return {**self.__dict__, "_signature": (), "_policy": None, "_value": None, "_heads": ()}
 
     def _bind(self) -> None:
         """Takes views of the model's weights; ``_policy`` None where numpy cannot run it."""
         self._policy = None
         model = self._model
-        modules, _, hooked = self._signature
+        _, _, hooked = self._signature
         if hooked or not all(
             p.device.type == "cpu" and p.dtype == torch.float32 for p in model.parameters()
         ):
@@ -79,34 +92,44 @@ class NumpyMLP:
         try:
             policy = _trunk(model.policy_trunk)
             value = None if model.value_trunk is None else _trunk(model.value_trunk)
+            heads = (_linear(model.logits), _linear(model.value))
         except _UnknownLayer:
             return
-        self._heads = (_linear(model.logits), _linear(model.value))
-        self._policy, self._value = policy, value
+        self._policy, self._value, self._heads = policy, value, heads
 
 
 class _UnknownLayer(Exception):
     """A trunk holds a module numpy does not run (the torch forward is used instead)."""
 
 
-def _signature(model: MLPModel) -> tuple[list[Any], list[int], bool]:
-    """What the views depend on: the modules (the model, its children and theirs), where
-    their parameters live, and whether anything (a hook, an instance ``forward``) changes
-    what calling the model does. Read through the modules' own dicts: ``nn.Module``'s
-    attribute lookup would cost more than the rest of the check."""
+def _signature(model: MLPModel) -> tuple[list[Any], list[tuple], bool]:
+    """What the views depend on: the modules (the model, its children and theirs), their
+    parameters and where those live (memory and strides), and whether anything (a hook, an
+    instance or class ``forward``) changes what calling the model does. Read through the
+    modules' own dicts: ``nn.Module``'s attribute lookup would cost more than the rest."""
     modules: list[Any] = [model]
     for child in model._modules.values():
         modules.append(child)
         if child is not None:
             modules.extend(child._modules.values())
     modules = [m for m in modules if m is not None]
-    pointers = [p.data_ptr() for m in modules for p in m._parameters.values() if p is not None]
+    # By id (a tensor's == is elementwise); the model holds them, so no id is reused.
+    places = [
+        (id(p), p.data_ptr(), p.stride())
+        for m in modules
+        for p in m._parameters.values()
+        if p is not None
+    ]
     hooked = bool(
         getattr(torch_module, "_global_forward_hooks", None)
         or getattr(torch_module, "_global_forward_pre_hooks", None)
-        or any(m._forward_hooks or m._forward_pre_hooks or "forward" in m.__dict__ for m in modules)
+        or any(cls.forward is not forward for cls, forward in _FORWARDS)
+        or any(
+            m._forward_hooks or m._forward_pre_hooks or not _CALL_OVERRIDES.isdisjoint(m.__dict__)
+            for m in modules
+        )
     )
-    return modules, pointers, hooked
+    return modules, places, hooked
 
 
 def _linear(layer: nn.Module) -> tuple[np.ndarray, np.ndarray]:
@@ -115,8 +138,11 @@ def _linear(layer: nn.Module) -> tuple[np.ndarray, np.ndarray]:
     return layer.weight.detach().numpy().T, layer.bias.detach().numpy()
 
 
-def _trunk(trunk: nn.Sequential) -> list[tuple]:
-    """``Linear`` layers, each followed by at most one known activation."""
+def _trunk(trunk: nn.Module) -> list[tuple]:
+    """``Linear`` layers, each followed by at most one known activation, in exactly an
+    ``nn.Sequential`` (a subclass may have its own ``forward``)."""
+    if type(trunk) is not nn.Sequential:
+        raise _UnknownLayer(trunk)
     steps: list[tuple] = []
     for module in trunk:
         activation = _ACTIVATIONS.get(type(module))

@@ -446,17 +446,6 @@ class TorchPolicy(Policy):
                 actions, logp, dist_inputs, values, *state_outs = packed_to_numpy(outputs)
         return actions, logp, dist_inputs, values, state_outs
 
-    def _infer(
-        self, model_input: np.ndarray, states: list[np.ndarray]
-    ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
-        """``_forward`` for sampling (no gradients): in numpy where it can (``numpy_mlp``)."""
-        if self._numpy_mlp is not None:
-            outputs = self._numpy_mlp(model_input)
-            if outputs is not None:
-                logits, values = outputs
-                return torch.from_numpy(logits), torch.from_numpy(values), []
-        return self._forward(model_input, states)
-
     def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
         """``tensor`` on the policy's device; on CPU as it is (``.to`` costs a call)."""
         return tensor if self._on_cpu else tensor.to(self.device)
@@ -473,10 +462,12 @@ class TorchPolicy(Policy):
             # The state after the last step is the state the next observation is seen with.
             state_out = _required_column(batch, f"state_out_{i}", "GAE bootstraps from it")
             next_input[f"state_in_{i}"] = state_out[last]
+        model_input = self._model_input(next_input)
+        model_outputs = self._numpy_mlp(model_input) if self._numpy_mlp is not None else None
+        if model_outputs is not None:
+            return float(model_outputs[1][0])
         with torch.inference_mode():
-            _, values, _ = self._infer(
-                self._model_input(next_input), self._state_inputs(next_input)
-            )
+            _, values, _ = self._forward(model_input, self._state_inputs(next_input))
             return float(values[0])
 
 
