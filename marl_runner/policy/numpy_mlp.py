@@ -34,8 +34,6 @@ _ACTIVATIONS = {nn.Tanh: np.tanh, nn.ReLU: lambda x, out: np.maximum(x, 0, out=o
 # The classes whose forward numpy stands in for, with that forward: a class patched since
 # (a monkeypatch) leaves the model to torch.
 _FORWARDS = tuple((cls, cls.forward) for cls in (MLPModel, nn.Sequential, nn.Linear, *_ACTIVATIONS))
-# Instance attributes that change what calling a module does.
-_CALL_OVERRIDES = frozenset({"forward", "_call_impl"})
 
 
 class NumpyMLP:
@@ -125,7 +123,8 @@ def _signature(model: MLPModel) -> tuple[list[Any], list[tuple], bool]:
         or getattr(torch_module, "_global_forward_pre_hooks", None)
         or any(cls.forward is not forward for cls, forward in _FORWARDS)
         or any(
-            m._forward_hooks or m._forward_pre_hooks or not _CALL_OVERRIDES.isdisjoint(m.__dict__)
+            m._forward_hooks or m._forward_pre_hooks or "forward" in m.__dict__
+            or "_call_impl" in m.__dict__
             for m in modules
         )
     )
