@@ -125,9 +125,10 @@ def reset_fails(role: int, episode: int) -> Episode:
 
 
 def reset_other_agents(role: int, episode: int) -> Episode:
-    """Role 0's odd episodes are played by a3 and a1 (in that order), its even ones by
-    a0, a1, a2: its reset obs name other agents than its last step's."""
-    agents = ("a3", "a1") if role == 0 and episode % 2 else STEADY
+    """Odd episodes are played by a3 and a1 (in that order: not the slots' order), even
+    ones by a0, a1, a2: a reset obs names other agents than the last step's, and the
+    sub-envs of a worker look alike only when in episodes of the same parity."""
+    agents = ("a3", "a1") if episode % 2 else STEADY
     return Episode(rounds_of((3, 5, 7)[role], role, agents=agents))
 
 
@@ -278,10 +279,11 @@ def play_three_ways(
     """Sync, subprocess read through `poll_blocks` (materialized) and subprocess with
     mixed replies as dicts, all played alike: the first two equal, the last two
     identical. Returns the subprocess history and its `BlockPolls`."""
-    restart = options.pop("restart_failed", False)
-    with SyncVectorEnv(make_one, num_envs, seed=seed, restart_failed=restart) as vec:
+    both = dict(seed=seed, restart_failed=options.pop("restart_failed", False),
+                check_env_outputs=options.pop("check_env_outputs", False))
+    with SyncVectorEnv(make_one, num_envs, **both) as vec:
         sync = play(vec, rounds)
-    kwargs = dict(seed=seed, num_workers=2, restart_failed=restart, **options)
+    kwargs = dict(num_workers=2, **both, **options)
     with SubprocessVectorEnv(make_one, num_envs, **kwargs) as vec:
         blocks = RecordedPolls(vec)
         from_blocks = play(blocks, rounds)
@@ -298,13 +300,30 @@ def play_three_ways(
 
 
 @pytest.mark.parametrize(
-    "plan", ["one_ends", "several_end", "reset_other_agents", "infos", "spawn"]
+    "plan, check",
+    [("one_ends", False), ("one_ends", True), ("several_end", False),
+     ("reset_other_agents", False), ("infos", False), ("spawn", False), ("spawn", True)],
 )
-def test_mixed_replies_equal_sync_and_the_dict_path(plan, monkeypatch, partial_rows):
-    play_three_ways(monkeypatch, planned(plan), 22)
+def test_mixed_replies_equal_sync_and_the_dict_path(plan, check, monkeypatch, partial_rows):
+    play_three_ways(monkeypatch, planned(plan), 22, check_env_outputs=check)
     assert mixed(partial_rows), partial_rows
     for rows, _, resets in partial_rows:
         assert not set(rows) & set(resets)  # an ended sub-env never comes as a row
+
+
+@pytest.mark.parametrize("plan, restart", [("spawn", False), ("end_and_crash", True),
+                                           ("reset_fails", True), ("infos", False)])
+def test_materialized_poll_blocks_are_poll_of_an_identical_env(plan, restart, partial_rows):
+    """Two identical envs played alike, one through `poll_blocks` (materialized), one
+    through `poll`: the same values of the same types, dtypes and dict order."""
+    kwargs = dict(seed=SEED, num_workers=2, restart_failed=restart)
+    with (
+        SubprocessVectorEnv(planned(plan), NUM_ENVS, **kwargs) as with_blocks,
+        SubprocessVectorEnv(planned(plan), NUM_ENVS, **kwargs) as with_poll,
+    ):
+        from_blocks = play_vector_env(BlockPolls(with_blocks), 16)
+        assert_identical(from_blocks, play_vector_env(with_poll, 16))
+    assert mixed(partial_rows)
 
 
 def test_int_rewards_beside_an_episode_end_leave_the_reply_dicts(monkeypatch, partial_rows):
@@ -616,3 +635,11 @@ def test_runner_rewards_conserved_per_agent(plan, partial_rows) -> None:
         check_batch_invariants(batch, rollout_fragment_length=cfg.rollout_fragment_length)
         assert_rewards_conserved(batch, PlannedRewards(plan, tracker), tracker, min_episodes=12)
     assert any(rows for rows, _, _ in partial_rows)
+
+
+def test_rows_of_agents_out_of_slot_order(monkeypatch, partial_rows):
+    """Step 9: role 0 ends while roles 1 and 2 both play a3, a1 (rows read at slots 3, 1);
+    step 10: role 1 ends while roles 0 and 2 do."""
+    play_three_ways(monkeypatch, planned("reset_other_agents"), 12)
+    assert partial_rows.count(([1, 2], [0, 1, 2], [0])) == 2  # steps 3 and 9
+    assert ([0, 2], [0, 1, 2], [1]) in partial_rows
