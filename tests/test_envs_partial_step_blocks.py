@@ -502,7 +502,7 @@ def _chaos_env(index: int, crash_rate: float = 0.0, obs: str = "box") -> ChaosEn
 @pytest.mark.parametrize(
     "seed, restart, crash_rate, obs",
     [(1, False, 0.0, "box"), (2, True, 0.05, "box"), (3, True, 0.05, "uint8"),
-     (4, False, 0.0, "float64_sometimes")],
+     (4, False, 0.0, "float64_sometimes"), (5, False, 0.0, "box0")],
 )
 def test_chaos_sub_envs_equal_sync_and_the_dict_path(
     seed, restart, crash_rate, obs, monkeypatch, partial_rows
