@@ -50,8 +50,9 @@ class SubprocessStats:
     step_requests: int = 0
     #: Sub-env steps whose results came back.
     env_steps: int = 0
-    #: Of those, results that came pickled (not through the slot block): episode
-    #: ends, values that do not fit their slot, non-empty infos, failures.
+    #: Of those, results that came pickled (not through the slot block): values that
+    #: do not fit their slot, non-empty infos, failures (an episode's last step goes
+    #: through the block; only its reset obs is pickled).
     pickled_env_steps: int = 0
     #: Step requests and replies pickled, not a byte with everything in the block.
     pickled_step_messages: int = 0

@@ -77,7 +77,9 @@ class Replies:
         self, worker: WorkerHandle, in_flight: InFlight, reply: Any, stats: SubprocessStats
     ) -> None:
         """A step reply: results in the slot block (all of them for `DONE`, else those
-        whose entry is None) or pickled; resets sent with episode ends kept for try_reset."""
+        whose entry is None) or pickled; resets sent with episode ends kept for try_reset.
+        The sub-envs in the block whose episode goes on come as one `StepBlock`'s rows
+        where they look alike (also beside pickled parts), the others as dicts."""
         slots = worker.slots
         if reply is DONE:
             new_block_name, results, resets, new_sets = None, None, {}, ()
@@ -107,9 +109,12 @@ class Replies:
                 part.update(zip(env_ids, column))
             off_policy_actions.update(zip(env_ids, map(dict, repeat((), len(env_ids)))))
             return
-        copies = slots.read_results() if None in results else None
-        block_rows = _rows_of_unended(slots, in_flight.request, results, resets, local)
-        self._drop_others(block_rows)
+        in_block = results.count(None)
+        block_rows = (
+            _rows_of_unended(slots, in_flight.request, results, resets, local) if in_block else {}
+        )
+        self._drop_dict_entries(block_rows)
+        copies = slots.read_results() if in_block > len(block_rows) else None
         for (env_id, _), result in zip(in_flight.request, results):
             row = block_rows.get(env_id)
             if row is not None:
@@ -139,9 +144,9 @@ class Replies:
         nothing in the other five dicts (`poll_blocks`' form), dropping what an earlier
         reply of the same sub-envs left there."""
         self.ready[0].update(zip(block.env_ids, block.rows()))
-        self._drop_others(block.env_ids)
+        self._drop_dict_entries(block.env_ids)
 
-    def _drop_others(self, env_ids: Iterable[EnvID]) -> None:
+    def _drop_dict_entries(self, env_ids: Iterable[EnvID]) -> None:
         """What an earlier reply of sub-envs now given as `BlockRow`s left in the other
         five dicts (a block row has no entry there)."""
         for part in self.ready[1:]:
@@ -187,8 +192,6 @@ def _rows_of_unended(
     episode did not end (an ended one was reset, its reset pickled with the reply), when
     they look alike: one episode end in a worker's sub-envs leaves the others' rows
     on the runner's fast path. Empty when they do not fit one `StepBlock`."""
-    if slots is None:
-        return {}
     env_ids = [
         env_id
         for (env_id, _), result in zip(request, results)

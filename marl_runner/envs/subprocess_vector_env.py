@@ -227,7 +227,9 @@ class SubprocessVectorEnv(BaseEnv):
 
     def poll_blocks(self) -> PollDicts:
         """`poll`, with the sub-envs of a reply that all look alike (same agents, no
-        flag set, no infos, one array obs space) as `BlockRow`s of one `StepBlock`."""
+        flag set, no infos, one array obs space) as `BlockRow`s of one `StepBlock`; in a
+        reply that also carries resets or other pickled parts, those of its sub-envs
+        that lie in the block and go on, where they look alike."""
         if self._to_start:
             while self._to_start:
                 worker = self._to_start[0]
