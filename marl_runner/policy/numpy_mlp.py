@@ -9,12 +9,13 @@ with gradients) stays in torch.
 
 The weights are views of the torch parameters (same memory), so in-place
 changes (an optimiser's step, ``load_state_dict``, ``set_weights``) show at
-once. Every call first checks, for a few microseconds, that the model is
-still what the views were taken of: the same modules, parameters in the
-same memory, no forward hooks and no replaced ``forward``. If not, the
-views are taken again, or, where numpy cannot stand in for torch (weights
-not float32 on CPU, a layer it does not know, hooks), the caller runs the
-torch module as before.
+once. Every call first checks, for ~8 us, that the model is still what the
+views were taken of: the same modules and parameters, in the same memory
+with the same strides, no forward hooks, no ``forward`` replaced on an
+instance or patched on a class. If not, the views are taken again, or,
+where numpy cannot stand in for torch (weights not float32 on CPU, a layer
+it does not know, a head without bias, hooks), the caller runs the torch
+module as before.
 """
 
 from __future__ import annotations
