@@ -13,7 +13,10 @@ Fairness: it uses the SAME vector env code as the runner
 wrappers, same seeds, same number of sub-envs, same ``poll`` checks), the
 same torch model class and sizes (``marl_runner.policy.models.build_model``
 with the policy's ``model`` config), and ``torch.inference_mode``. Actions
-are drawn by Gumbel-max like the runner's ``CategoricalHead``.
+are drawn by Gumbel-max like the runner's ``CategoricalHead``. With
+``forward="numpy"`` the model runs in numpy instead (``NumpyMLP``, the
+runner's own CPU path for the built-in mlp) and the draw too: the yardstick
+for the runner's bookkeeping alone, with both forward passes alike.
 
 Agent steps: one per action sent, i.e. one per agent observation acted on.
 Each such action becomes exactly one transition in the runner, which counts
@@ -36,10 +39,15 @@ from marl_runner.config import RunnerConfig
 from marl_runner.envs import BaseEnv, make_vector_env
 from marl_runner.mapping import infer_policy_spaces, make_policy_mapping_fn
 from marl_runner.policy.models import build_model
+from marl_runner.policy.numpy_mlp import NumpyMLP
 from marl_runner.policy_setup import policy_seed
 
 #: Phases timed in the bare loop, named like the runner's perf stats.
 BARE_PHASES = ("env_wait", "raw_obs_processing", "inference", "action_processing")
+#: How the bare loop runs its model: torch (the yardstick the targets are set against)
+#: or numpy (as the runner does on CPU for the built-in mlp).
+BARE_FORWARDS = ("torch", "numpy")
+_TINY = np.finfo(np.float32).tiny
 
 
 @dataclass
@@ -63,7 +71,12 @@ class _BarePolicy:
     """One policy's model plus how to turn a list of raw obs into its input."""
 
     def __init__(
-        self, obs_space: gym.Space, action_space: gym.Space, model_config: dict, seed: int | None
+        self,
+        obs_space: gym.Space,
+        action_space: gym.Space,
+        model_config: dict,
+        seed: int | None,
+        forward: str = "torch",
     ) -> None:
         if not isinstance(action_space, gym.spaces.Discrete):
             raise ValueError(f"the bare loop only handles Discrete actions, got {action_space}")
@@ -76,6 +89,10 @@ class _BarePolicy:
         self.model = build_model(model_config, self.obs_dim, int(action_space.n)).eval()
         self.generator = torch.Generator()
         self.generator.manual_seed(0 if seed is None else seed)
+        self.numpy_model = NumpyMLP.for_model(self.model) if forward == "numpy" else None
+        if forward == "numpy" and self.numpy_model is None:
+            raise ValueError(f"the bare loop runs only the built-in mlp in numpy, got {model_config}")
+        self.rng = np.random.default_rng(0 if seed is None else seed)
 
     def prepare(self, obs_list: list) -> tuple[np.ndarray, np.ndarray | None]:
         """Stack once: float32 ``[n, obs_dim]`` (and the ``[n, A]`` mask of Dict obs).
@@ -94,6 +111,8 @@ class _BarePolicy:
 
     def act(self, obs: np.ndarray, mask: np.ndarray | None) -> list:
         """One forward pass, Gumbel-max sample over the allowed actions; Python ints back."""
+        if self.numpy_model is not None:
+            return self._act_in_numpy(obs, mask)
         with torch.inference_mode():
             logits, _ = self.model(torch.from_numpy(obs))
             uniform = torch.rand(logits.shape, generator=self.generator).clamp_(min=1e-20)
@@ -105,11 +124,23 @@ class _BarePolicy:
             actions = actions + self.start
         return actions.tolist()
 
+    def _act_in_numpy(self, obs: np.ndarray, mask: np.ndarray | None) -> list:
+        logits, _ = self.numpy_model(obs)
+        uniform = self.rng.random(logits.shape, dtype=np.float32)
+        np.maximum(uniform, _TINY, out=uniform)
+        scores = logits - np.log(-np.log(uniform))
+        if mask is not None:
+            scores = np.where(mask, scores, -np.inf)
+        actions = scores.argmax(axis=1)
+        return (actions + self.start if self.start else actions).tolist()
+
 
 class BareLoop:
     """The bare loop over its own vector env, built from the runner's config."""
 
-    def __init__(self, config: RunnerConfig) -> None:
+    def __init__(self, config: RunnerConfig, forward: str = "torch") -> None:
+        if forward not in BARE_FORWARDS:
+            raise ValueError(f"forward must be one of {list(BARE_FORWARDS)}, got {forward!r}")
         self.config = config
         self.env: BaseEnv = make_vector_env(config)
         mapping = make_policy_mapping_fn(config.policy_mapping_fn, list(config.policies))
@@ -123,7 +154,11 @@ class BareLoop:
         )
         self.policies: dict[str, _BarePolicy] = {
             pid: _BarePolicy(
-                obs_space, act_space, config.policies[pid]["model"], policy_seed(config.seed, pid)
+                obs_space,
+                act_space,
+                config.policies[pid]["model"],
+                policy_seed(config.seed, pid),
+                forward,
             )
             for pid, (obs_space, act_space, _) in spaces.items()
         }

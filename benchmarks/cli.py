@@ -42,6 +42,7 @@ import numpy as np
 import torch
 from rich.console import Console
 
+from benchmarks.bare_loop import BARE_FORWARDS
 from benchmarks.machine_load import other_cpus, take_sample
 from benchmarks.measure import Settings, compare_workload, subprocess_speedup
 from benchmarks.memory_backends import (
@@ -170,6 +171,12 @@ def _add_timing_options(parser: argparse.ArgumentParser) -> None:
     )
     timing.add_argument("--seed", type=int, default=0, help="config seed (default 0)")
     timing.add_argument(
+        "--bare-forward", choices=BARE_FORWARDS, default="torch",
+        help="the bare loop's forward pass (throughput mode): torch, the yardstick the targets "
+        "are set against (default), or numpy, as the runner runs the built-in mlp on CPU: the "
+        "ratio then measures the runner's own bookkeeping alone",
+    )
+    timing.add_argument(
         "--torch-threads", type=int, default=1, metavar="N",
         help="torch and BLAS threads for both sides (limit_inference_threads; default 1)",
     )
@@ -240,7 +247,9 @@ def _add_output_options(parser: argparse.ArgumentParser) -> None:
 
 def _settings(args: argparse.Namespace) -> Settings:
     if args.smoke:
-        return Settings.for_smoke(seed=args.seed, torch_threads=args.torch_threads)
+        return Settings.for_smoke(
+            seed=args.seed, torch_threads=args.torch_threads, bare_forward=args.bare_forward
+        )
     if args.duration < 0 or args.warmup < 0 or args.repeats < 1 or args.torch_threads < 1:
         raise SystemExit(
             "marl-runner bench: --duration/--warmup must be >= 0, --repeats/--torch-threads >= 1"
@@ -251,6 +260,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         repeats=args.repeats,
         seed=args.seed,
         torch_threads=args.torch_threads,
+        bare_forward=args.bare_forward,
     )
 
 
@@ -267,6 +277,7 @@ def _meta(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
         "vectorize": args.vectorize,
         "num_workers": args.num_workers,
         "async_poll": args.async_poll,
+        "bare_forward": settings.bare_forward,
         "torch_threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),
         "python": platform.python_version(),

@@ -311,6 +311,7 @@ def print_report(console: Console, report: dict[str, Any]) -> None:
     meta = report["meta"]
     console.print(
         f"torch threads {meta['torch_threads']}, {meta['cpu_count']} CPUs, "
+        f"{'bare loop forward in numpy, ' if meta.get('bare_forward') == 'numpy' else ''}"
         f"{meta['duration_s']} s x {meta['repeats']} windows after {meta['warmup_s']} s warm-up"
         f"{' (smoke: numbers mean nothing)' if meta['smoke'] else ''}; "
         f"total {report['total_s']:.1f} s; other processes used "

@@ -10,7 +10,9 @@ import math
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 
 # benchmarks/ is not an installed package: import it from the repo root even
 # when pytest is started as a script (which does not put the cwd on sys.path).
@@ -53,6 +55,44 @@ def test_smoke_throughput_covers_every_workload(capsys: pytest.CaptureFixture[st
         assert isinstance(row["meets_target"], bool)
         assert row["runner_max_rss_mb"] > 0 and row["peak_rss_mb"] > 0
         assert row["vectorize"] == "sync"
+
+
+def test_smoke_against_a_numpy_bare_loop_has_no_targets(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    report = _run(capsys, "--bare-forward", "numpy", "cheap", "connect_four")
+
+    assert report["meta"]["bare_forward"] == "numpy"
+    for row in report["workloads"]:
+        assert _positive(row["bare"]["agent_steps_per_s"]) and _positive(row["ratio"])
+        assert row["target_ratio"] is None and row["meets_target"] is None
+
+
+def test_the_numpy_bare_loop_acts_like_the_torch_one() -> None:
+    """Same model and weights: the numpy forward's logits are the torch module's, and both
+    honour the action mask (Connect Four's Dict obs)."""
+    from benchmarks.bare_loop import BareLoop
+    from benchmarks.workloads import get_workload
+
+    config = get_workload("connect_four").config()
+    torch_loop, numpy_loop = BareLoop(config), BareLoop(config, "numpy")
+    try:
+        for policy_id, policy in numpy_loop.policies.items():
+            obs, mask = policy.prepare(
+                [{"observation": np.full((6, 7, 2), v, np.int8), "action_mask": m}
+                 for v, m in ((0, np.ones(7, np.int8)), (1, np.eye(7, dtype=np.int8)[3]))]
+            )
+            torch_policy = torch_loop.policies[policy_id]
+            with torch.inference_mode():
+                expected, _ = torch_policy.model(torch.from_numpy(obs))
+            np.testing.assert_allclose(policy.numpy_model(obs)[0], expected.numpy(), atol=1e-6)
+            assert policy.act(obs, mask)[1] == 3 and torch_policy.act(obs, mask)[1] == 3
+        assert numpy_loop.run(min_rounds=5).agent_steps > 0
+    finally:
+        torch_loop.stop()
+        numpy_loop.stop()
+    with pytest.raises(ValueError, match="forward must be one of"):
+        BareLoop(config, "jax")
 
 
 def test_smoke_memory_subprocess_and_profile(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
