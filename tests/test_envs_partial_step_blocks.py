@@ -46,8 +46,8 @@ from tests.test_runner_step_blocks_adversarial import (
     _METRICS,
     INTERLEAVED,
     ChaosEnv,
-    _finished_trajectories,
     _run,
+    assert_finished_trajectories_equal,
     assert_same_batches,
 )
 
@@ -593,12 +593,7 @@ def test_runner_async_pools_play_each_sub_env_as_sync_does(per_poll, partial_row
     cfg_args = _plan_run("spawn", 41, fake_obs="last")
     sync, _ = _run(cfg_args, "sync", 120, 1)
     parallel, _ = _run({**cfg_args, **per_poll}, "subprocess", 120, 1)
-    expected, got = _finished_trajectories(sync[0]), _finished_trajectories(parallel[0])
-    common = expected.keys() & got.keys()
-    assert len(common) >= 30, len(common)
-    for key in sorted(common):
-        for column, values in expected[key].items():
-            np.testing.assert_array_equal(values, got[key][column], err_msg=f"{key} {column}")
+    assert_finished_trajectories_equal(sync[0], parallel[0], 30)
     assert any(rows and resets for rows, _, resets in partial_rows), partial_rows
 
 

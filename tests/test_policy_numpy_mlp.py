@@ -28,6 +28,13 @@ def _torch_outputs(model: nn.Module, rows: np.ndarray) -> tuple[np.ndarray, np.n
     return logits.numpy(), values.numpy()
 
 
+def _bound_model() -> tuple[MLPModel, NumpyMLP, np.ndarray]:
+    """A seeded default MLP, its numpy forward, and rows for it."""
+    torch.manual_seed(0)
+    model = MLPModel(6, 4).eval()
+    return model, NumpyMLP(model), _rows()
+
+
 def _assert_matches_torch(numpy_mlp: NumpyMLP, model: nn.Module, rows: np.ndarray) -> None:
     outputs = numpy_mlp(rows)
     assert outputs is not None, "the numpy forward declined a model it should run"
@@ -94,10 +101,7 @@ def test_weights_changed_in_place_show_at_once() -> None:
 
 
 def test_parameters_given_new_memory_are_seen() -> None:
-    torch.manual_seed(0)
-    model = MLPModel(6, 4).eval()
-    numpy_mlp = NumpyMLP(model)
-    rows = _rows()
+    model, numpy_mlp, rows = _bound_model()
     _assert_matches_torch(numpy_mlp, model, rows)
     with torch.no_grad():
         model.logits.weight.data = torch.randn_like(model.logits.weight)
@@ -106,10 +110,7 @@ def test_parameters_given_new_memory_are_seen() -> None:
 
 
 def test_replaced_layers_are_run_or_left_to_torch() -> None:
-    torch.manual_seed(0)
-    model = MLPModel(6, 4).eval()
-    numpy_mlp = NumpyMLP(model)
-    rows = _rows()
+    model, numpy_mlp, rows = _bound_model()
     model.policy_trunk[1] = nn.ReLU()  # an activation numpy knows: used from now on
     _assert_matches_torch(numpy_mlp, model, rows)
     model.policy_trunk[3] = nn.GELU()  # one it does not know: torch runs the model
@@ -119,10 +120,7 @@ def test_replaced_layers_are_run_or_left_to_torch() -> None:
 
 
 def test_hooks_and_other_dtypes_leave_the_forward_to_torch() -> None:
-    torch.manual_seed(0)
-    model = MLPModel(6, 4).eval()
-    numpy_mlp = NumpyMLP(model)
-    rows = _rows()
+    model, numpy_mlp, rows = _bound_model()
     handle = model.value.register_forward_hook(lambda module, args, out: out * 2)
     assert numpy_mlp(rows) is None
     handle.remove()
@@ -163,10 +161,7 @@ def test_unknown_cpu_inference_value_is_named() -> None:
 def test_a_patched_class_forward_leaves_the_forward_to_torch(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    torch.manual_seed(0)
-    model = MLPModel(6, 4).eval()
-    numpy_mlp = NumpyMLP(model)
-    rows = _rows()
+    model, numpy_mlp, rows = _bound_model()
     _assert_matches_torch(numpy_mlp, model, rows)
     original = nn.Linear.forward
     monkeypatch.setattr(nn.Linear, "forward", lambda self, x: original(self, x) * 2)

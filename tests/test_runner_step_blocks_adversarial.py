@@ -446,6 +446,16 @@ def _finished_trajectories(batch: Any) -> dict[tuple, dict[str, np.ndarray]]:
     return out
 
 
+def assert_finished_trajectories_equal(expected_batch: Any, got_batch: Any, least: int) -> None:
+    """The trajectories both batches finished (at least ``least`` of them) are equal."""
+    expected, got = _finished_trajectories(expected_batch), _finished_trajectories(got_batch)
+    common = expected.keys() & got.keys()
+    assert len(common) >= least, len(common)
+    for key in sorted(common):
+        for column, values in expected[key].items():
+            np.testing.assert_array_equal(values, got[key][column], err_msg=f"{key} {column}")
+
+
 @pytest.mark.parametrize("per_poll", [{"num_envs_per_poll": 2}, {"async_poll": True}])
 def test_async_pools_play_each_sub_env_as_sync_does(per_poll: dict, block_rows: list[int]) -> None:
     """ChaosEnv ignores actions, so each sub-env plays the same episodes whatever the
@@ -454,12 +464,7 @@ def test_async_pools_play_each_sub_env_as_sync_does(per_poll: dict, block_rows: 
     sync, _ = _run(cfg_args, "sync", 240, 1)
     parallel, _ = _run({**cfg_args, **per_poll}, "subprocess", 240, 1)
     assert sum(block_rows) >= 20, block_rows
-    expected, got = _finished_trajectories(sync[0]), _finished_trajectories(parallel[0])
-    common = expected.keys() & got.keys()
-    assert len(common) >= 40, len(common)
-    for key in sorted(common):
-        for column, values in expected[key].items():
-            np.testing.assert_array_equal(values, got[key][column], err_msg=f"{key} {column}")
+    assert_finished_trajectories_equal(sync[0], parallel[0], 40)
 
 
 # ---- reward conservation with blocks (in process, so the env's own log can be read)
