@@ -9,7 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from connectors import LambdaAgentConnector
+from connectors import AgentConnector, LambdaAgentConnector
+from connectors.data import AgentRows
 from marl_runner import (
     Callbacks,
     EnvRunner,
@@ -93,6 +94,45 @@ def test_a_connector_error_mid_sample_loses_no_built_fragment() -> None:
         metrics = runner.get_metrics()
     assert metrics["num_faulty_episodes"] == 2  # both sub-envs were mid-step
     assert_nothing_lost_or_repeated(batches)
+
+
+class _ColumnMisshapenOnCall(AgentConnector):
+    """Adds a column the store keeps, two values wide on call ``number`` only: storing
+    that round's rows raises, after its actions were sent."""
+
+    def __init__(self, ctx: Any, number: int) -> None:
+        super().__init__(ctx)
+        self.number, self.calls = number, 0
+
+    def __call__(self, rows: AgentRows) -> AgentRows:
+        self.calls += 1
+        width = (2,) if self.calls == self.number else ()
+        rows["extra"] = np.zeros((len(rows), *width), np.float32)
+        return rows
+
+
+@pytest.mark.parametrize("vectorize", ["sync", "subprocess"])
+def test_a_store_error_after_the_send_drops_the_round_and_loses_nothing_built(
+    vectorize: str,
+) -> None:
+    cfg = config(
+        "marl_runner.envs.testing:CheapEnv",
+        num_envs=2,
+        vectorize=vectorize,
+        rollout_fragment_length=3,
+        env_config={"num_agents": 2, "episode_len": 7},
+    )
+    with EnvRunner(cfg) as runner:
+        pipeline = runner.policy_map.entries["shared"].agent_pipeline
+        pipeline.append(_ColumnMisshapenOnCall(pipeline.ctx, 11))
+        with pytest.raises(ValueError):
+            runner.sample(num_env_steps=60)
+        batches = [runner.sample(num_env_steps=30) for _ in range(2)]
+        metrics = runner.get_metrics()
+    assert metrics["num_faulty_episodes"] == 2  # both sub-envs were sent actions, not stored
+    assert_nothing_lost_or_repeated(batches)
+    for batch in batches:
+        assert batch.policy_batches["shared"]["extra"].shape[1:] == ()
 
 
 class _FailingOnce(Callbacks):

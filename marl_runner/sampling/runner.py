@@ -1,7 +1,7 @@
 """EnvRunner: polls the vector env, runs connectors and policies, builds training batches.
 
 ``step()`` is the sampling loop (docs/DESIGN.md), one method per step: poll,
-collect, agent connectors, forward, action connectors, store, send, build
+collect, agent connectors, forward, action connectors, send, store, build
 fragments. Data moves as per-policy columns: one agent-connector call, ONE
 forward pass and one action-connector call per policy per round, whatever the
 number of agents and sub-envs. ``sample()`` steps until its target is reached.
@@ -115,9 +115,9 @@ class EnvRunner:
             config.fake_obs,
         )
         self._num_env_steps_total = 0
-        # Sub-envs polled this step whose actions are not sent yet: if the step
-        # raises, their episodes cannot go on (recovered at the next step).
-        self._unsent: set[int] = set()
+        # Sub-envs polled this step whose actions are not both sent and stored yet: if
+        # the step raises, their episodes cannot go on (recovered at the next step).
+        self._unfinished: set[int] = set()
         self._to_reset: set[int] = set()
         # What a raising step or sample had already built: handed out next time.
         self._undelivered: list = []
@@ -271,7 +271,7 @@ class EnvRunner:
             raise RuntimeError("this EnvRunner was stopped; build a new one to sample again")
         outputs, self._undelivered = self._undelivered, []
         try:
-            if self._unsent:
+            if self._unfinished:
                 self._recover_interrupted_step(outputs)
             timer = StepTimer()
             polled = self._poll()
@@ -284,10 +284,11 @@ class EnvRunner:
             timer.lap("forward")
             actions = self._run_action_connectors(round_, evaluated, polled.off_policy())
             timer.lap("action_connectors")
-            self._store(rows, actions.columns)
-            timer.lap("store")
             self._send(actions.by_env)
             timer.lap("send")
+            self._store(rows, actions.columns)
+            self._unfinished.clear()
+            timer.lap("store")
             outputs.extend(self._build_fragments())
             timer.lap("build_fragments")
             self._perf.record_step(timer.seconds)
@@ -304,7 +305,7 @@ class EnvRunner:
 
     def _poll(self) -> PollResult:
         polled = PollResult._make(self._poll_env())
-        self._unsent.update(polled.obs)
+        self._unfinished.update(polled.obs)
         return polled
 
     # ---- collect
@@ -438,6 +439,13 @@ class EnvRunner:
             )
         return RoundActions(by_env, columns)
 
+    # ---- send
+
+    def _send(self, actions: dict[int, dict]) -> None:
+        """Before the store: subprocess and Ray sub-envs step while the rows are stored
+        (a step that raises after it still drops the round's episodes, `_unfinished`)."""
+        self._env.send_actions(actions)
+
     # ---- store
 
     def _store(self, rows_by_policy: dict[str, AgentRows], action_columns: dict) -> None:
@@ -465,12 +473,6 @@ class EnvRunner:
                 num_rows = int(np.count_nonzero(trained))
                 closing &= trained
             self._fragments.add_rows(policy_id, chunk, num_rows, env_ids, closing)
-
-    # ---- send
-
-    def _send(self, actions: dict[int, dict]) -> None:
-        self._env.send_actions(actions)
-        self._unsent.clear()
 
     # ---- build fragments
 
@@ -502,10 +504,12 @@ class EnvRunner:
             return None
 
     def _recover_interrupted_step(self, outputs: list) -> None:
-        """The last step raised before its actions were sent: the polled sub-envs'
-        episodes cannot go on. They are dropped (no training data) and reset."""
-        interrupted = sorted(self._unsent)
-        self._unsent.clear()
+        """The last step raised before its actions were sent and its rows stored: the
+        polled sub-envs' episodes cannot go on. They are dropped (no training data) and
+        reset; the results of a step they were sent are left unread (`_collect` skips the
+        sub-envs it resets)."""
+        interrupted = sorted(self._unfinished)
+        self._unfinished.clear()
         for env_id in interrupted:
             if env_id in self._episodes.active:
                 error = InterruptedStepError(
