@@ -411,6 +411,22 @@ def test_async_poll_returns_the_ready_workers_first():
         assert vec.poll()[0] == {}  # nothing in flight: an empty poll, no waiting
 
 
+def test_a_reset_drops_the_sub_envs_step_result_not_yet_handed_out():
+    """The runner gives up a sub-env's episode while its step is in flight (a step that
+    raised after the send, with async pools): after `try_reset`, no poll hands out that
+    step's result, which would otherwise pass for the new episode's first step."""
+    with SubprocessVectorEnv(slow_second_half, 4, seed=0, num_workers=2, async_poll=True) as vec:
+        vec.poll()  # every reset obs
+        vec.send_actions({env_id: {"agent_0": 0, "agent_1": 0} for env_id in range(4)})
+        assert set(vec.poll()[0]) == {0, 1}  # worker 1 is still stepping sub-envs 2 and 3
+        reset_obs, _ = vec.try_reset(3)  # reads worker 1's step reply first
+        assert not isinstance(reset_obs, BaseException)
+        assert set(vec.poll()[0]) == {2}  # sub-env 3's step result was dropped
+        vec.send_actions({3: {"agent_0": 0, "agent_1": 0}})
+        polled = vec.poll()
+        assert set(polled[0]) == {3} and not polled[2][3].get("__all__")
+
+
 def test_async_poll_gives_each_sub_env_the_same_outputs_as_sync():
     for make_one, num_envs, num_workers in (
         (a_bit_slow_second_half, 4, 2),

@@ -111,14 +111,18 @@ class _ColumnMisshapenOnCall(AgentConnector):
         return rows
 
 
-@pytest.mark.parametrize("vectorize", ["sync", "subprocess"])
+@pytest.mark.parametrize(
+    "vectorize",
+    [{"vectorize": "sync"}, {"vectorize": "subprocess"},
+     {"vectorize": "subprocess", "num_envs_per_poll": 1}],
+)
 def test_a_store_error_after_the_send_drops_the_round_and_loses_nothing_built(
-    vectorize: str,
+    vectorize: dict,
 ) -> None:
     cfg = config(
         "marl_runner.envs.testing:CheapEnv",
         num_envs=2,
-        vectorize=vectorize,
+        **vectorize,
         rollout_fragment_length=3,
         env_config={"num_agents": 2, "episode_len": 7},
     )
@@ -129,7 +133,10 @@ def test_a_store_error_after_the_send_drops_the_round_and_loses_nothing_built(
             runner.sample(num_env_steps=60)
         batches = [runner.sample(num_env_steps=30) for _ in range(2)]
         metrics = runner.get_metrics()
-    assert metrics["num_faulty_episodes"] == 2  # both sub-envs were sent actions, not stored
+    # The round's sub-envs were sent actions, their rows not stored: both of them, or with
+    # an async pool those that were ready.
+    faulty = metrics["num_faulty_episodes"]
+    assert faulty == 2 if "num_envs_per_poll" not in vectorize else 1 <= faulty <= 2
     assert_nothing_lost_or_repeated(batches)
     for batch in batches:
         assert batch.policy_batches["shared"]["extra"].shape[1:] == ()

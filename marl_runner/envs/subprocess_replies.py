@@ -44,6 +44,11 @@ class Replies:
         poll, self.ready = self.ready, empty_poll()
         return poll if order is None else in_order(poll, order)
 
+    def drop_step_result(self, env_id: EnvID) -> None:
+        """The sub-env was reset: a step result of it read but not handed out is stale."""
+        for part in self.ready:
+            part.pop(env_id, None)
+
     def forget(self, env_ids: list[EnvID]) -> None:
         """Drop what recreated sub-envs' old envs answered."""
         for env_id in env_ids:

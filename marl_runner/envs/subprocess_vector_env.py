@@ -285,6 +285,16 @@ class SubprocessVectorEnv(BaseEnv):
         seed: int | None = None,
         options: dict[str, Any] | None = None,
     ) -> tuple[MultiAgentDict | Exception, MultiAgentDict]:
+        """Resets the sub-env; a step result of it not handed out yet is dropped, as a
+        reset supersedes it (with async pools, a step may be in flight or read but not
+        polled when the runner gives up its episode)."""
+        outcome = self._reset(env_id, seed, options)
+        self._replies.drop_step_result(env_id)
+        return outcome
+
+    def _reset(
+        self, env_id: EnvID, seed: int | None, options: dict[str, Any] | None
+    ) -> tuple[MultiAgentDict | Exception, MultiAgentDict]:
         if env_id in self._restarts.crashed:
             self.try_restart(env_id)
         self._restarts.stale.discard(env_id)
