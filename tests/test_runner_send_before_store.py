@@ -383,3 +383,80 @@ def test_fragment_builder_add_rows_raising_once_loses_nothing_built(
         metrics = runner.get_metrics()
     assert metrics["num_faulty_episodes"] == 3
     _check(batches)
+
+
+# ---- Ray
+
+
+@pytest.mark.parametrize("error", [ValueError, KeyboardInterrupt])
+def test_a_store_error_after_the_send_with_ray_sub_envs(ray_local: Any, error: type) -> None:
+    """Real local Ray, one slow sub-env: its step may be in flight when the store raises;
+    its result must not pass for the new episode's first step (`_forget_requests`)."""
+    cfg = _config(
+        {"vectorize": "ray", "remote_env_num_cpus": 0.25, "remote_env_batch_wait_ms": 1},
+        slow=True,
+    )
+    with EnvRunner(cfg) as runner:
+        polled_in_failing_round: list[int] = []
+        poll, steps = runner._poll, [0]
+
+        def recording_poll() -> Any:
+            steps[0] += 1
+            polled = poll()
+            if steps[0] in (9, 10):
+                polled_in_failing_round.extend(polled.obs)
+            return polled
+
+        runner._poll = recording_poll
+        _store_raising(runner, {9, 10}, error)
+        batches = _sample_after_faults(runner, error, faults=2)
+        metrics = runner.get_metrics()
+        actors = runner.env.actors
+    assert metrics["num_faulty_episodes"] >= len(set(polled_in_failing_round)) >= 1
+    _check(batches)
+    with pytest.raises(ray_local.exceptions.RayActorError):
+        ray_local.get(actors[0].spaces.remote(), timeout=10)
+
+
+# ---- try_reset's dropping leaves what is legitimately pending
+
+
+@pytest.mark.parametrize("backend", ["async_pool", "async_poll"])
+def test_async_pools_without_faults_keep_every_sub_env_playing_whole_episodes(
+    backend: str,
+) -> None:
+    """Resets of episodes that ended (prefetched with the last step) while other workers'
+    steps are in flight: no result a poll should hand out is dropped (each sub-env keeps
+    playing, whole episodes from t=0), nothing is faulty."""
+    cfg = _config(BACKENDS[backend], num_envs=4, slow=True, num_workers=2)
+    batches: list[MultiAgentBatch] = []
+    with EnvRunner(cfg) as runner:
+        played: set[int] = set()
+        for _ in range(200):  # until every sub-env's episodes reach a batch (bounded)
+            batches.append(runner.sample(num_env_steps=20))
+            played.update(
+                int(env_id) for pb in batches[-1].policy_batches.values()
+                for env_id in np.unique(pb["env_id"][pb["truncateds"]])
+            )
+            if len(played) == 4:
+                break
+        metrics = runner.get_metrics()
+    assert played == {0, 1, 2, 3}, f"sub-envs that finished an episode: {played}"
+    assert metrics["num_faulty_episodes"] == 0
+    _check(batches)
+
+
+def test_an_async_pool_restarting_crashed_sub_envs_keeps_invariants() -> None:
+    """Crashed sub-envs restarted (their reset after a restart) beside in-flight steps."""
+    cfg = config(
+        "marl_runner.envs.testing:CrashingEnv", num_envs=4, vectorize="subprocess",
+        num_envs_per_poll=2, num_workers=2, restart_failed_sub_environments=True,
+        rollout_fragment_length=4,
+        max_consecutive_step_failures=1000, env_config={"crash_step": 5, "episode_len": 8},
+    )
+    with EnvRunner(cfg) as runner:
+        batches = [runner.sample(num_env_steps=40) for _ in range(2)]
+        metrics = runner.get_metrics()
+    assert metrics["num_faulty_episodes"] >= 1 and metrics["num_sub_env_restarts"] >= 1
+    assert_nothing_lost_or_repeated(batches)
+    assert_trajectories_whole(batches)
