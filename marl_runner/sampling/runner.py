@@ -115,8 +115,8 @@ class EnvRunner:
             config.fake_obs,
         )
         self._num_env_steps_total = 0
-        # Sub-envs polled this step whose actions are not both sent and stored yet: if
-        # the step raises, their episodes cannot go on (recovered at the next step).
+        # Sub-envs polled or reset this step whose actions are not both sent and stored
+        # yet: if the step raises, their episodes cannot go on (recovered at the next step).
         self._unfinished: set[int] = set()
         self._to_reset: set[int] = set()
         # What a raising step or sample had already built: handed out next time.
@@ -364,7 +364,10 @@ class EnvRunner:
                 raise
 
     def _reset_sub_env(self, round_: Round, env_id: int, outputs: list) -> None:
-        """Connectors forget the sub-env, which is reset; its reset obs join this round."""
+        """Connectors forget the sub-env, which is reset; its reset obs join this round.
+        Its new episode is unfinished until the round is sent and stored: a sub-env
+        reset in a step that raises is not polled again unless it is reset again."""
+        self._unfinished.add(env_id)
         for entry in self.policy_map.entries.values():
             entry.agent_pipeline.reset(env_id)
         reset = self._defer(self._episodes.reset, env_id, outputs)
@@ -505,9 +508,9 @@ class EnvRunner:
 
     def _recover_interrupted_step(self, outputs: list) -> None:
         """The last step raised before its actions were sent and its rows stored: the
-        polled sub-envs' episodes cannot go on. They are dropped (no training data) and
-        reset; the results of a step they were sent are left unread (`_collect` skips the
-        sub-envs it resets)."""
+        polled (or reset) sub-envs' episodes cannot go on. They are dropped (no training
+        data) and reset; the results of a step they were sent are never handed out
+        (`_collect` skips them; `try_reset` drops one still pending)."""
         interrupted = sorted(self._unfinished)
         self._unfinished.clear()
         for env_id in interrupted:
