@@ -75,13 +75,18 @@ def _raise_on_call(number: int) -> Any:
     return connector
 
 
-def test_a_connector_error_mid_sample_loses_no_built_fragment() -> None:
-    cfg = config(
+def _two_cheap_sub_envs(**overrides: Any) -> Any:
+    return config(
         "marl_runner.envs.testing:CheapEnv",
         num_envs=2,
         rollout_fragment_length=3,
         env_config={"num_agents": 2, "episode_len": 7},
+        **overrides,
     )
+
+
+def test_a_connector_error_mid_sample_loses_no_built_fragment() -> None:
+    cfg = _two_cheap_sub_envs()
     with EnvRunner(cfg) as runner:
         runner.policy_map.entries["shared"].agent_pipeline.append(
             LambdaAgentConnector(
@@ -119,13 +124,7 @@ class _ColumnMisshapenOnCall(AgentConnector):
 def test_a_store_error_after_the_send_drops_the_round_and_loses_nothing_built(
     vectorize: dict,
 ) -> None:
-    cfg = config(
-        "marl_runner.envs.testing:CheapEnv",
-        num_envs=2,
-        **vectorize,
-        rollout_fragment_length=3,
-        env_config={"num_agents": 2, "episode_len": 7},
-    )
+    cfg = _two_cheap_sub_envs(**vectorize)
     with EnvRunner(cfg) as runner:
         pipeline = runner.policy_map.entries["shared"].agent_pipeline
         pipeline.append(_ColumnMisshapenOnCall(pipeline.ctx, 11))

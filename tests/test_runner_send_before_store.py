@@ -239,6 +239,23 @@ def _store_raising(
     runner._store = raising
 
 
+def _polled_in_steps(runner: EnvRunner, steps: set[int]) -> list[int]:
+    """The sub-envs the runner's polls numbered ``steps`` (from 1, from now on) hand out,
+    filled in as it samples."""
+    polled_there: list[int] = []
+    poll, count = runner._poll, [0]
+
+    def recording_poll() -> Any:
+        count[0] += 1
+        polled = poll()
+        if count[0] in steps:
+            polled_there.extend(polled.obs)
+        return polled
+
+    runner._poll = recording_poll
+    return polled_there
+
+
 def _polls_of_each_sub_env(runner: EnvRunner, steps: int) -> dict[int, int]:
     """Steps the runner ``steps`` times (a bounded loop, where sample() could wait
     forever): how many of its polls each sub-env was in."""
@@ -327,17 +344,7 @@ def test_a_keyboard_interrupt_in_the_store_drops_that_rounds_sub_envs(
     finish: the round's episodes go, their stored rows with them)."""
     cfg = _config(BACKENDS[backend], slow=backend.startswith("async"))
     with EnvRunner(cfg) as runner:
-        polled_in_failing_round: list[int] = []
-        poll, steps = runner._poll, [0]
-
-        def recording_poll() -> Any:
-            steps[0] += 1
-            polled = poll()
-            if steps[0] == 9:
-                polled_in_failing_round.extend(polled.obs)
-            return polled
-
-        runner._poll = recording_poll
+        polled_in_failing_round = _polled_in_steps(runner, {9})
         _store_raising(runner, {9}, KeyboardInterrupt, after_storing)
         batches = _sample_after_faults(runner, KeyboardInterrupt)
         metrics = runner.get_metrics()
@@ -386,17 +393,7 @@ def test_a_store_error_after_the_send_with_ray_sub_envs(ray_local: Any, error: t
         slow=True,
     )
     with EnvRunner(cfg) as runner:
-        polled_in_failing_round: list[int] = []
-        poll, steps = runner._poll, [0]
-
-        def recording_poll() -> Any:
-            steps[0] += 1
-            polled = poll()
-            if steps[0] in (9, 10):
-                polled_in_failing_round.extend(polled.obs)
-            return polled
-
-        runner._poll = recording_poll
+        polled_in_failing_round = _polled_in_steps(runner, {9, 10})
         _store_raising(runner, {9, 10}, error)
         batches = _sample_after_faults(runner, error, faults=2)
         metrics = runner.get_metrics()
