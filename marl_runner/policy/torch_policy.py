@@ -217,7 +217,7 @@ class TorchPolicy(Policy):
             else None
         )
         states = self._state_inputs(input_dict) if self._recurrent else []
-        model_outputs = self._numpy_mlp(model_input) if self._numpy_mlp is not None else None
+        model_outputs = self._numpy_outputs(model_input)
         if model_outputs is not None and self._numpy_sampler is not None:
             # The whole pass in numpy (numpy_mlp, numpy_sampling): not one torch call.
             logits, values = model_outputs
@@ -412,6 +412,10 @@ class TorchPolicy(Policy):
         model_out, values, state_outs = self.model(obs_t, states_t)
         return model_out, values.reshape(-1), list(state_outs)
 
+    def _numpy_outputs(self, model_input: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """``(logits, values)`` from the numpy mlp; None where torch must run the model."""
+        return self._numpy_mlp(model_input) if self._numpy_mlp is not None else None
+
     def _torch_actions(
         self,
         model_input: np.ndarray,
@@ -463,7 +467,7 @@ class TorchPolicy(Policy):
             state_out = _required_column(batch, f"state_out_{i}", "GAE bootstraps from it")
             next_input[f"state_in_{i}"] = state_out[last]
         model_input = self._model_input(next_input)
-        model_outputs = self._numpy_mlp(model_input) if self._numpy_mlp is not None else None
+        model_outputs = self._numpy_outputs(model_input)
         if model_outputs is not None:
             return float(model_outputs[1][0])
         with torch.inference_mode():
