@@ -68,6 +68,35 @@ def test_logp_is_the_torch_log_softmax_of_the_chosen_action(
         assert mask[np.arange(shape[0]), actions].all()
 
 
+class _FixedUniforms:
+    """Stands in for the sampler's generator: hands out the given uniform draws."""
+
+    def __init__(self, uniforms: np.ndarray) -> None:
+        self.uniforms = uniforms
+
+    def random(self, shape: tuple, dtype: type) -> np.ndarray:
+        assert shape == self.uniforms.shape and dtype == np.float32
+        return self.uniforms.copy()
+
+
+def test_logp_stays_exact_at_the_noise_clamps_and_with_huge_logits() -> None:
+    """The log-prob is shifted by the chosen logit, not the row's max: exploring, the
+    chosen one lies at most ~21.2 below the max (the clamped noise's span). Row 0 is that
+    extreme (u = 0 on the max, the largest u below 1 on a logit 21 lower, which wins);
+    row 1 holds logits near float32's limits."""
+    logits = np.array([[0.0, -21.0, -50.0], [3e37, -3e37, 0.0]], np.float32)
+    below_one = np.nextafter(np.float32(1.0), np.float32(0.0))
+    sampler = NumpyCategoricalSampler(3, 0, seed=0)
+    sampler.rng = _FixedUniforms(np.array([[0.0, below_one, 0.5], [0.5, 0.5, 0.5]], np.float32))
+    actions, logp, _ = sampler.act(logits, None, True)
+    np.testing.assert_array_equal(actions, [1, 0])
+    as_float64 = logits.astype(np.float64)
+    expected = as_float64[[0, 1], actions] - np.array(
+        [np.log(np.exp(row - row.max()).sum()) + row.max() for row in as_float64]
+    )
+    np.testing.assert_allclose(logp, expected, rtol=1e-6, atol=1e-6)
+
+
 def test_frequencies_follow_the_masked_softmax() -> None:
     num_rows = 40_000
     logits = np.tile(np.array([[2.0, 0.5, -1.0, 1.0, 3.0]], np.float32), (num_rows, 1))

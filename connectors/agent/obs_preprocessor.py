@@ -134,7 +134,8 @@ def _concat(parts: Sequence[tuple[Any, _Encoding]], path: str) -> _Encoding:
             blocks = [enc.encode([value[key] for value in values], n) for key, enc in parts]
         except (KeyError, IndexError, TypeError) as err:
             raise ConnectorError(f"{path}: observation lacks part {err}") from None
-        return np.concatenate(blocks, axis=1)
+        # Each block is a fresh array: one part (a Dict obs beside its mask) needs no copy.
+        return blocks[0] if len(blocks) == 1 else np.concatenate(blocks, axis=1)
 
     low = np.concatenate([np.zeros(0, np.float32)] + [enc.low for _, enc in parts])
     high = np.concatenate([np.zeros(0, np.float32)] + [enc.high for _, enc in parts])

@@ -43,7 +43,7 @@ class NumpyMLP:
     def __init__(self, model: MLPModel) -> None:
         self._model = model
         self._signature: tuple = ()
-        # Per trunk: (weight.T view, bias view, activation or None) per linear layer.
+        # Per trunk: (weight view, bias column view, activation or None) per linear layer.
         self._policy: list[tuple] | None = None
         self._value: list[tuple] | None = None
         self._heads: tuple = ()
@@ -62,17 +62,19 @@ class NumpyMLP:
             self._bind()
         if self._policy is None or rows.dtype != np.float32:
             return None
+        # Column-wise (see _run): the rows transposed in, the logits transposed out.
+        columns = np.ascontiguousarray(rows.T)
         # Silent on inf/NaN rows as torch is (and on the invalid-operation flag OpenBLAS
         # can leave set on finite inputs, numpy issue 24067).
         with np.errstate(invalid="ignore", over="ignore"):
-            features = _run(self._policy, rows)
-            value_features = features if self._value is None else _run(self._value, rows)
+            features = _run(self._policy, columns)
+            value_features = features if self._value is None else _run(self._value, columns)
             (logits_weight, logits_bias), (value_weight, value_bias) = self._heads
-            logits = features @ logits_weight
+            logits = logits_weight @ features
             logits += logits_bias
-            values = value_features @ value_weight
+            values = value_weight @ value_features
             values += value_bias
-        return logits, values.reshape(-1)
+        return np.ascontiguousarray(logits.T), values.reshape(-1)
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickled unbound: views would travel as copies, and the data pointers they were
@@ -133,9 +135,10 @@ def _signature(model: MLPModel) -> tuple[list[Any], list[tuple], bool]:
 
 
 def _linear(layer: nn.Module) -> tuple[np.ndarray, np.ndarray]:
+    """Views of the layer's weight ``[out, in]`` (torch's layout) and bias as a column."""
     if type(layer) is not nn.Linear or layer.bias is None:
         raise _UnknownLayer(layer)
-    return layer.weight.detach().numpy().T, layer.bias.detach().numpy()
+    return layer.weight.detach().numpy(), layer.bias.detach().numpy()[:, None]
 
 
 def _trunk(trunk: nn.Module) -> list[tuple]:
@@ -153,11 +156,17 @@ def _trunk(trunk: nn.Module) -> list[tuple]:
     return steps
 
 
-def _run(steps: list[tuple], rows: np.ndarray) -> np.ndarray:
-    """The trunk over ``rows``; each activation in place on its layer's fresh output."""
-    out = rows
+def _run(steps: list[tuple], columns: np.ndarray) -> np.ndarray:
+    """The trunk over ``columns`` (the rows transposed, ``[in, n]``), giving ``[out, n]``;
+    each activation in place on its layer's fresh output.
+
+    ``weight @ columns`` with both C-contiguous: at sampling sizes OpenBLAS multiplies
+    such operands ~2x faster than ``rows @ weight.T`` (a transposed operand), and
+    torch keeps a linear layer's weight as ``[out, in]``, so no copy of it is needed.
+    """
+    out = columns
     for weight, bias, activation in steps:
-        out = out @ weight
+        out = weight @ out
         out += bias
         if activation is not None:
             activation(out, out=out)

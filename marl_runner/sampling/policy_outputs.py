@@ -25,24 +25,23 @@ class Evaluated(NamedTuple):
     output: PolicyOutput
 
 
-def acting_rows(rows: AgentRows) -> np.ndarray | None:
-    """Indices of the rows that need an action (not done); None when every row does."""
+def policy_input(rows: AgentRows) -> tuple[np.ndarray | None, AgentRows]:
+    """The indices of the rows that need an action (not done; None when every row does,
+    the usual round), and the rows as the policy gets them: a done row's action mask
+    allows every action (a final obs may allow none, which no policy can honour; its
+    action is never sent)."""
     done = rows["terminateds"] | rows["truncateds"]
-    return np.flatnonzero(~done) if done.any() else None
-
-
-def policy_input(rows: AgentRows, acting: np.ndarray | None) -> AgentRows:
-    """The rows as the policy gets them: a done row's action mask allows every action
-    (a final obs may allow none, which no policy can honour; its action is never sent)."""
+    if not done.any():
+        return None, rows
+    acting = np.flatnonzero(~done)
     mask = rows.get("action_mask")
-    if mask is None or acting is None:
-        return rows
-    mask = np.asarray(mask)
-    opened = np.ones_like(mask)
-    opened[acting] = mask[acting]
+    if mask is None or not len(acting):
+        return acting, rows
+    opened = np.array(mask)  # a copy: the stored rows keep the env's mask
+    opened[done] = 1
     unmasked = AgentRows(rows.columns)
     unmasked["action_mask"] = opened
-    return unmasked
+    return acting, unmasked
 
 
 def run_action_connectors(
@@ -116,13 +115,19 @@ def distribute_actions(
 ) -> None:
     """Each row's env-bound action into ``actions_by_env[env_id][agent_id]``, for the rows
     that need one (``acting``; None: all)."""
-    per_row = _split_rows(actions, len(rows))
-    env_ids, agent_ids = rows["env_ids"].tolist(), rows["agent_ids"]
-    if acting is not None:
-        acting = acting.tolist()
-        per_row = [per_row[i] for i in acting]
-        env_ids = [env_ids[i] for i in acting]
-        agent_ids = [agent_ids[i] for i in acting]
+    env_ids, agent_ids = rows["env_ids"], rows["agent_ids"]
+    if acting is not None and isinstance(actions, np.ndarray) and isinstance(agent_ids, np.ndarray):
+        # Done rows among them: three takes, no per-row Python work.
+        per_row = _split_rows(actions[acting], len(acting))
+        env_ids, agent_ids = env_ids[acting].tolist(), agent_ids[acting].tolist()
+    else:
+        per_row = _split_rows(actions, len(rows))
+        env_ids = env_ids.tolist()
+        if acting is not None:
+            acting = acting.tolist()
+            per_row = [per_row[i] for i in acting]
+            env_ids = [env_ids[i] for i in acting]
+            agent_ids = [agent_ids[i] for i in acting]
     for env_id, agent_id, action in zip(env_ids, agent_ids, per_row):
         actions_by_env[env_id][agent_id] = action
 

@@ -87,29 +87,28 @@ class PolicyRows:
         else:
             obs, given = self.obs, self.rewards
         rewards = count_rewards_on_rows(key_table.reward_total, keys, given, self.credited_rows)
-        flags = {}
-        for name, marked in (
-            ("terminateds", self.terminated_rows),
-            ("truncateds", self.truncated_rows),
-            ("is_first", self.first_rows),
+        # One allocation for the three flag columns (rows of it); most rounds mark none.
+        terminateds, truncateds, is_first = np.zeros((3, n), bool)
+        for column, marked in (
+            (terminateds, self.terminated_rows),
+            (truncateds, self.truncated_rows),
+            (is_first, self.first_rows),
         ):
-            column = np.zeros(n, bool)
             if marked:
                 column[marked] = True
-            flags[name] = column
         return AgentRows(
             {
                 "obs": obs,
                 "rewards": rewards,
-                "terminateds": flags["terminateds"],
-                "truncateds": flags["truncateds"],
+                "terminateds": terminateds,
+                "truncateds": truncateds,
                 "infos": self.infos,
                 "env_ids": key_table.env_id[keys],
                 "agent_ids": key_table.agent_id[keys],
                 "agent_index": key_table.agent_index[keys],
                 "t": key_table.take_t(keys),
                 "keys": keys,
-                "is_first": flags["is_first"],
+                "is_first": is_first,
             }
         )
 

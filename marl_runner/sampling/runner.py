@@ -33,7 +33,6 @@ from marl_runner.sampling.lifecycle import EpisodeLifecycle, SubEnvError
 from marl_runner.sampling.policy_map import PolicyMap
 from marl_runner.sampling.policy_outputs import (
     Evaluated,
-    acting_rows,
     policy_input,
     run_action_connectors,
     stored_columns,
@@ -410,10 +409,9 @@ class EnvRunner:
         evaluated = {}
         explore = self.config.explore
         for policy_id, rows in rows_by_policy.items():
-            acting = acting_rows(rows)
+            acting, inputs = policy_input(rows)
             if acting is not None and not len(acting):
                 continue
-            inputs = policy_input(rows, acting)
             evaluated[policy_id] = Evaluated(
                 acting,
                 inputs,
