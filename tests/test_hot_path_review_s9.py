@@ -2,8 +2,9 @@
 chosen logit, policy_input/distribute_actions fast paths, one-allocation flags, zero-reward
 rounds, single-part Dict obs, check_action_mask's reductions): none may change a result.
 
-Each case pins the result the code had before those changes (or torch's, which it copies);
-the xfail(strict) ones are results the changes did alter.
+Each case pins the result the code had before those changes (or torch's, which it copies).
+The review found two that did change, since mended: log-probs of -inf logits and of a
+certain action (sampler), and zero-reward rounds holding a None or array reward.
 """
 
 from __future__ import annotations
@@ -252,11 +253,6 @@ def test_sampler_nan_and_all_minus_inf_rows_give_nan_logp_as_torch() -> None:
         assert np.isnan(logp[:2]).all() and np.isfinite(logp[2])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="numpy_sampling: shifted by a chosen logit of -inf, x - x_a is NaN (-inf - -inf) "
-    "where the old code and torch give logp -inf; shift by max(x_a, FLOAT_MIN) instead",
-)
 @pytest.mark.parametrize("explore", [False, True])
 def test_sampler_logp_is_minus_inf_when_every_allowed_logit_is_minus_inf(explore: bool) -> None:
     """A diverged model's -inf logits on every legal action: torch's log-prob is -inf."""
@@ -270,11 +266,6 @@ def test_sampler_logp_is_minus_inf_when_every_allowed_logit_is_minus_inf(explore
     np.testing.assert_array_equal(logp, [-INF, -INF])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="numpy_sampling: np.negative(log(1)) is -0.0 where the old code and torch give "
-    "+0.0 (a certain action's stored logp changes sign bit); 0 - log(sum) gives +0.0",
-)
 def test_sampler_logp_of_a_certain_action_is_plus_zero() -> None:
     logits = np.array([[1.0, 5.0, 2.0], [1e30, 0.0, 0.0]], np.float32)
     mask = np.array([[0, 0, 1], [1, 1, 1]], bool)
@@ -473,11 +464,6 @@ def test_count_rewards_on_rows_adds_what_it_stores(rewards: Any) -> None:
     np.testing.assert_array_equal(credited, before)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="rewards.count_rewards_on_rows: any() calls None falsy, so a None reward (NaN in "
-    "the column) is skipped in the key totals on a zero round; test np.count_nonzero(given)",
-)
 def test_count_rewards_on_rows_counts_a_none_reward_as_the_column_shows_it() -> None:
     totals = np.zeros(3)
     column = count_rewards_on_rows(totals, np.array([0, 2]), [None, 0.0], [])
@@ -485,12 +471,6 @@ def test_count_rewards_on_rows_counts_a_none_reward_as_the_column_shows_it() -> 
     assert np.isnan(totals[0]), "the rewards column holds NaN but the key total does not"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="rewards.count_rewards_on_rows: shape-(1,) reward arrays raised on every round; "
-    "now an all-zero round passes with a [n, 1] rewards column and only a nonzero round "
-    "raises; skip the add only for a 1-D all-zero given",
-)
 def test_count_rewards_on_rows_rejects_array_rewards_on_zero_rounds_too() -> None:
     with pytest.raises(ValueError):
         count_rewards_on_rows(np.zeros(3), np.array([0, 2]), [np.ones(1), np.zeros(1)], [])

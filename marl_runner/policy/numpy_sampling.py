@@ -76,14 +76,20 @@ class NumpyCategoricalSampler:
         # short last axis as a product with ones (numpy's sum loops row by row there, ~11 us
         # at 256 x 5).
         chosen = dist_inputs[self._row_indices(len(index)), index]
-        shifted = np.subtract(dist_inputs, chosen[:, None])
+        # A chosen -inf (every allowed logit -inf, a diverged model) shifts by the lowest
+        # float instead, so that its logp is -inf as torch gives it, not -inf - -inf = NaN.
+        shift = np.maximum(chosen, _FLOAT_MIN)
+        shifted = np.subtract(dist_inputs, shift[:, None])
         np.exp(shifted, out=shifted)
         # errstate: OpenBLAS kernels can leave the CPU's invalid-operation flag set on finite
-        # inputs (numpy issue 24067), which numpy then reports as a warning now and then; a
-        # real NaN (a diverged model's logits) still shows in logp.
-        with np.errstate(invalid="ignore"):
-            logp = np.log(np.dot(shifted, self._ones))
-        np.negative(logp, out=logp)
+        # inputs (numpy issue 24067), which numpy then reports as a warning now and then;
+        # and a row of only -inf logits sums to 0. Silent as torch is: a real NaN (a
+        # diverged model's logits) still shows in logp.
+        with np.errstate(invalid="ignore", divide="ignore"):
+            normaliser = np.log(np.dot(shifted, self._ones))
+            np.subtract(chosen, shift, out=chosen)  # 0, or -inf for a chosen -inf
+            # (chosen - shift) - normaliser: a certain action's logp is +0.0, as torch's.
+            logp = np.subtract(chosen, normaliser, out=normaliser)
         return (index + self.start if self.start else index), logp, dist_inputs
 
     def _row_indices(self, num_rows: int) -> np.ndarray:

@@ -164,8 +164,8 @@ def count_rewards_on_rows(
     ``receive``). Keys are unique within a round, so one fancy-index add does it."""
     given = np.array(rewards, np.float64)
     column = given.astype(np.float32)
-    if type(rewards) is list and not any(rewards):
-        return column  # a turn-based env's usual round: nothing to add (any() runs in C)
+    if given.ndim == 1 and not np.count_nonzero(given):
+        return column  # a turn-based env's usual round: nothing to add (NaN counts as nonzero)
     if credited_rows:
         given[credited_rows] = 0.0
     key_totals[keys] += given
