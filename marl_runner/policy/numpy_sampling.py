@@ -69,12 +69,12 @@ class NumpyCategoricalSampler:
         if mask is not None:
             scores = np.where(mask, scores, -np.inf)
         index = scores.argmax(axis=1)
-        # log_softmax of the chosen entry as -log(sum(exp(x - x_a))), shifted by the chosen
-        # logit x_a itself: greedy, it is the row's max; exploring, the clamped noise spans
-        # [-16.7, 4.5], so x_a >= max - 21.2 and exp(x - x_a) <= e**21.2 stays finite in
-        # float32. One gather instead of a second argmax and two gathers; the sum over a
-        # short last axis as a product with ones (numpy's sum loops row by row there, ~11 us
-        # at 256 x 5).
+        # log_softmax of the chosen entry, (x_a - s) - log(sum(exp(x - s))), shifted by the
+        # chosen logit itself (s = x_a): greedy, it is the row's max; exploring, the clamped
+        # noise spans [-16.7, 4.5], so x_a >= max - 21.2 and exp(x - x_a) <= e**21.2 stays
+        # finite in float32. One gather instead of a second argmax and two gathers; the sum
+        # over a short last axis as a product with ones (numpy's sum loops row by row there,
+        # ~11 us at 256 x 5).
         chosen = dist_inputs[self._row_indices(len(index)), index]
         # A chosen -inf (every allowed logit -inf, a diverged model) shifts by the lowest
         # float instead, so that its logp is -inf as torch gives it, not -inf - -inf = NaN.
