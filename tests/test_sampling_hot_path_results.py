@@ -1,6 +1,6 @@
-"""Review of the sampling hot-path speed-ups (column-wise numpy mlp, log-prob shifted by the
-chosen logit, policy_input/distribute_actions fast paths, one-allocation flags, zero-reward
-rounds, single-part Dict obs, check_action_mask's reductions): none may change a result.
+"""The sampling hot path's shortcuts change no result: column-wise numpy mlp, log-prob
+shifted by the chosen logit, policy_input/distribute_actions fast paths, one-allocation
+flags, zero-reward rounds, single-part Dict obs, check_action_mask's reductions.
 
 Each case pins the result the code had before those changes (or torch's, which it copies).
 The review found two that did change, since mended: log-probs of -inf logits and of a
@@ -9,8 +9,6 @@ certain action (sampler), and zero-reward rounds holding a None or array reward.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -34,10 +32,6 @@ from marl_runner.sampling.policy_outputs import distribute_actions, policy_input
 from marl_runner.sampling.rewards import count_rewards_on_rows
 from marl_runner.sampling.round import PolicyRows
 from marl_runner.sampling.trajectories import KeyTable
-
-REPO = str(Path(__file__).resolve().parent.parent)
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
 
 INF = np.inf
 
