@@ -5,18 +5,26 @@ first use, not at `import marl_runner`: env worker processes (`vectorize:
 subprocess`, Ray sub-env actors) import `marl_runner.envs`, and so this
 package, and most names here pull in torch, which would cost each worker
 about 190 MB more memory and several seconds more start-up (measured: 47 MB
-vs 239 MB resident). The `TYPE_CHECKING` imports (`X as X`, the form type
-checkers take as a re-export) give IDEs and type checkers the same names;
-`tests/test_api_reference.py` keeps the two lists equal. API reference:
-`python scripts/build_api_docs.py`, then open build/api/index.html.
+vs 239 MB resident).
+
+The names are listed once, in the `TYPE_CHECKING` block: type checkers and
+IDEs read it as re-exports (`X as X`), and `_public_names` reads the same
+block at import time to know which module defines each name. Modules inside
+the package import from the defining module, never from here (this module is
+the top layer, see docs/DESIGN.md). API reference: `python
+scripts/build_api_docs.py`, then open build/api/index.html.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
+from importlib.metadata import version
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from connectors.registry import register_connector as register_connector
     from marl_runner.batch import MultiAgentBatch as MultiAgentBatch
     from marl_runner.batch import SampleBatch as SampleBatch
     from marl_runner.batch import concat_samples as concat_samples
@@ -28,6 +36,10 @@ if TYPE_CHECKING:
     from marl_runner.checks import check_batch_invariants as check_batch_invariants
     from marl_runner.config import ConfigError as ConfigError
     from marl_runner.config import RunnerConfig as RunnerConfig
+    from marl_runner.distributed.runner_group import EnvRunnerGroup as EnvRunnerGroup
+    from marl_runner.envs.registry import register_env as register_env
+    from marl_runner.envs.vector_backends import register_vector_backend as register_vector_backend
+    from marl_runner.io.batch_files import read_batches as read_batches
     from marl_runner.metrics import RolloutMetrics as RolloutMetrics
     from marl_runner.policy import Policy as Policy
     from marl_runner.policy import RandomPolicy as RandomPolicy
@@ -38,31 +50,27 @@ if TYPE_CHECKING:
     from marl_runner.sampling.runner import EnvRunner as EnvRunner
     from marl_runner.tensorboard import TensorBoardCallbacks as TensorBoardCallbacks
 
-__version__ = "0.1.0"
+#: The installed distribution's version: pyproject.toml is its one source.
+__version__ = version("marl-runner")
 
-_EXPORTS = {
-    "EnvRunner": "marl_runner.sampling.runner",
-    "NoObservationError": "marl_runner.sampling.lifecycle",
-    "SubEnvError": "marl_runner.sampling.lifecycle",
-    "RunnerConfig": "marl_runner.config",
-    "ConfigError": "marl_runner.config",
-    "SampleBatch": "marl_runner.batch",
-    "MultiAgentBatch": "marl_runner.batch",
-    "concat_samples": "marl_runner.batch",
-    "MultiAgentEpisode": "marl_runner.sampling.episode",
-    "Callbacks": "marl_runner.callbacks",
-    "TensorBoardCallbacks": "marl_runner.tensorboard",
-    "RolloutMetrics": "marl_runner.metrics",
-    "Policy": "marl_runner.policy",
-    "TorchPolicy": "marl_runner.policy",
-    "RandomPolicy": "marl_runner.policy",
-    "check_batch_invariants": "marl_runner.checks",
-    "save_checkpoint": "marl_runner.checkpoint",
-    "restore_checkpoint": "marl_runner.checkpoint",
-    "CheckpointError": "marl_runner.checkpoint",
-    "BatchInvariantError": "marl_runner.checks",
-}
 
+def _public_names() -> dict[str, str]:
+    """``name -> defining module``, read from the ``TYPE_CHECKING`` block of this file."""
+    tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
+    (block,) = (
+        node
+        for node in tree.body
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING"
+    )
+    return {
+        alias.name: node.module
+        for node in block.body
+        if isinstance(node, ast.ImportFrom) and node.module
+        for alias in node.names
+    }
+
+
+_EXPORTS = _public_names()
 __all__ = sorted(_EXPORTS)
 
 

@@ -7,6 +7,7 @@ import ast
 import importlib
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -17,28 +18,52 @@ from scripts import build_api_docs
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _type_checking_imports() -> dict[str, str]:
-    """`name -> module` of the imports under `if TYPE_CHECKING:` in marl_runner/__init__.py."""
+def test_public_names_are_listed_once_as_re_exports_and_load_from_that_list() -> None:
+    """The TYPE_CHECKING block is the one list: type checkers read it, and so does
+    `__getattr__` (through `_EXPORTS`)."""
     tree = ast.parse((REPO / "marl_runner" / "__init__.py").read_text())
-    blocks = [
+    (block,) = (
         node
         for node in tree.body
         if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING"
-    ]
-    assert len(blocks) == 1
-    imports = {}
-    for node in blocks[0].body:
-        assert isinstance(node, ast.ImportFrom)
+    )
+    listed = {}
+    for node in block.body:
+        assert isinstance(node, ast.ImportFrom), ast.dump(node)
         for alias in node.names:
             # `X as X`: the form type checkers take as a re-export
             assert alias.asname == alias.name, f"import {alias.name} as {alias.name}"
-            imports[alias.name] = node.module
-    return imports
+            listed[alias.name] = node.module
+    assert listed == marl_runner._EXPORTS
+    assert marl_runner.__all__ == sorted(listed)
+    assert "_EXPORTS = {" not in (REPO / "marl_runner" / "__init__.py").read_text()
 
 
-def test_static_imports_list_exactly_the_lazy_public_names() -> None:
-    assert _type_checking_imports() == marl_runner._EXPORTS
-    assert sorted(marl_runner.__all__) == sorted(marl_runner._EXPORTS)
+def test_the_extension_points_users_need_are_public() -> None:
+    for name in (
+        "register_env",
+        "register_connector",
+        "register_vector_backend",
+        "EnvRunnerGroup",
+        "read_batches",
+    ):
+        assert name in marl_runner.__all__, name
+        assert callable(getattr(marl_runner, name)), name
+
+
+def test_the_version_is_pyprojects_and_the_cli_prints_it() -> None:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert "version" in project, "pyproject.toml is the one place the version is written"
+    assert marl_runner.__version__ == project["version"]
+    result = subprocess.run(
+        [sys.executable, "-m", "marl_runner.cli", "--version"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"marl-runner {project['version']}"
 
 
 def test_every_public_name_resolves_to_its_module_object() -> None:

@@ -7,6 +7,7 @@ import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
+from importlib.metadata import version
 from pathlib import Path
 
 from marl_runner.cli.bench import add_bench_parser, run_bench
@@ -54,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="marl-runner",
         description="Sample multi-agent RL episodes from PettingZoo envs into per-policy batches.",
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {version('marl-runner')}"
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     common = config_arguments()
