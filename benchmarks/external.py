@@ -1,17 +1,32 @@
-"""`marl-runner bench --external`: serving 16 concurrent clients, in-process and over HTTP.
+"""`marl-runner bench --external`: `marl-runner serve` answering clients in other processes.
 
-Each client thread plays episodes of 20 steps, 4 agents with 16-float obs:
-`get_action`, then `log_returns`. Reported: agent actions served per second,
-forward passes per request (how well concurrent requests are batched), and the
-median and p99 latency of `get_action` as the client sees it. Also the wire
-codec: encode + decode of one request, safe binary framing vs JSON.
+The setting a user meets: `marl-runner serve examples/configs/serve_drones.yaml`
+(remote inference over loopback, 32 episode slots, observation filter and
+frame stacking) in its own process, and client processes of 8 or 16 threads,
+each thread playing 50-step episodes of 4 drones with `PolicyClient`
+(`get_action`, then `log_returns`; `end_episode`). Reported at 16 and 64
+clients: `get_action` calls per second, their p50 and p99 latency as the
+client sees it, errors, and the episodes the clients finished against those
+the server wrote to `--out`. Also the wire codec: encode + decode of one
+request, safe binary framing vs JSON.
+
+A client process is this module run as `python -m benchmarks.external
+--client ADDRESS THREADS START END SEED`; it prints one JSON line.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -19,130 +34,128 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from marl_runner import EnvRunner, RunnerConfig
-from marl_runner.client import PolicyClient
 from marl_runner.serving import codec
-from marl_runner.serving.server import PolicyServer
 from marl_runner.serving.validation import to_space
 
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = REPO / "examples" / "configs" / "serve_drones.yaml"
 NUM_AGENTS = 4
-OBS_DIM = 16
-EPISODE_LEN = 20
-ENV = {
-    "name": "marl_runner.envs.testing.external_envs:ThreadedExternalEnv",
-    "config": {"num_threads": 0, "num_agents": NUM_AGENTS, "obs_dim": OBS_DIM},
-}
+OBS_DIM = 8
+EPISODE_LEN = 50
+# (clients, processes): 8 threads per process at 16 clients, 16 at 64.
+SETTINGS = ((16, 2), (64, 4))
+# Client processes import numpy and the client, then wait for the common start.
+START_DELAY_S = 3.0
 
 
-def _config(num_clients: int) -> RunnerConfig:
-    return RunnerConfig.from_dict({
-        "env": ENV, "vectorize": "external", "num_envs": num_clients,
-        "restart_failed_sub_environments": True, "rollout_fragment_length": 200,
-        "policies": {"p": {"model": {"type": "mlp", "hidden": [64, 64]}}},
-    })
+def _play(address: str, end: float, seed: int, out: dict[str, Any]) -> None:
+    """One client thread: episodes until `end`; latencies of `get_action` in ms."""
+    from marl_runner.client import PolicyClient
 
-
-def _play(calls: Any, deadline: float, latencies: list[float], seed: int) -> int:
-    """Episodes until `deadline`; returns the agent actions received."""
     rng = np.random.default_rng(seed)
-    agents = [f"a{i}" for i in range(NUM_AGENTS)]
-    obs_pool = rng.uniform(-1, 1, (64, NUM_AGENTS, OBS_DIM)).astype(np.float32)
-    actions = 0
-    while time.perf_counter() < deadline:
-        eid = calls.start_episode()
-        for t in range(EPISODE_LEN):
-            obs = dict(zip(agents, obs_pool[(t * 7 + seed) % 64]))
-            started = time.perf_counter()
-            answer = calls.get_action(eid, obs)
-            latencies.append(time.perf_counter() - started)
-            actions += len(answer)
-            calls.log_returns(eid, dict.fromkeys(agents, 1.0))
-        calls.end_episode(eid, {})
-    return actions
+    agents = [f"drone_{i}" for i in range(NUM_AGENTS)]
+    pool = rng.uniform(-1, 1, (64, NUM_AGENTS, OBS_DIM)).astype(np.float32)
+    latencies, errors, episodes = out["latencies"], out["errors"], [0]
+    with PolicyClient(address, timeout_s=30) as client:
+        while time.time() < end:
+            try:
+                eid = client.start_episode()
+                for t in range(EPISODE_LEN):
+                    obs = dict(zip(agents, pool[(t * 7 + seed) % 64]))
+                    started = time.perf_counter()
+                    client.get_action(eid, obs)
+                    latencies.append((time.perf_counter() - started) * 1000.0)
+                    client.log_returns(eid, dict.fromkeys(agents, 1.0))
+                client.end_episode(eid, dict(zip(agents, pool[seed % 64])))
+                episodes[0] += 1
+            except Exception as exc:  # counted, and the thread plays on
+                errors.append(f"{type(exc).__name__}: {exc}"[:200])
+    out["episodes"] = episodes[0]
 
 
-def _drive(make_calls: Callable[[], Any], num_clients: int, duration_s: float) -> dict[str, Any]:
-    latencies: list[list[float]] = [[] for _ in range(num_clients)]
-    counts = [0] * num_clients
-    deadline = time.perf_counter() + duration_s
-
-    def client(index: int) -> None:
-        counts[index] = _play(make_calls(), deadline, latencies[index], index)
-
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(num_clients)]
-    started = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    elapsed = time.perf_counter() - started
-    flat = np.array([x for part in latencies for x in part]) * 1000.0
+def client_process(address: str, threads: int, start: float, end: float, seed: int) -> dict:
+    """`threads` client threads from `start` to `end` (wall clock); their merged results."""
+    results = [{"latencies": [], "errors": []} for _ in range(threads)]
+    time.sleep(max(0.0, start - time.time()))
+    workers = [
+        threading.Thread(target=_play, args=(address, end, seed * 1000 + i, results[i]))
+        for i in range(threads)
+    ]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
     return {
-        "actions_per_s": sum(counts) / elapsed,
-        "requests": int(len(flat)),
-        "median_ms": float(np.median(flat)) if len(flat) else float("nan"),
-        "p99_ms": float(np.percentile(flat, 99)) if len(flat) else float("nan"),
+        "latencies": [x for r in results for x in r["latencies"]],
+        "errors": [e for r in results for e in r["errors"]],
+        "episodes": sum(r.get("episodes", 0) for r in results),
     }
 
 
-def _count_forward(runner: EnvRunner) -> list[int]:
-    calls = [0]
-    policy = runner.policy_map["p"]
-    forward = policy.compute_actions_from_input_dict
+def _start_server(out_dir: Path) -> tuple[subprocess.Popen, str]:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "marl_runner.cli", "serve", str(CONFIG), "--port", "0",
+         "--out", str(out_dir), "--progress-interval", "3600"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    lines = []
+    for line in process.stdout:
+        lines.append(line)
+        found = re.search(r"on (http://127\.0\.0\.1:\d+)", line)
+        if found:
+            return process, found.group(1)
+    process.wait()
+    raise RuntimeError("marl-runner serve did not start:\n" + "".join(lines))
 
-    def counting(input_dict: Any, **kwargs: Any) -> Any:
-        calls[0] += 1
-        return forward(input_dict, **kwargs)
 
-    policy.compute_actions_from_input_dict = counting
-    return calls
+def measure_served(num_clients: int, num_processes: int, duration_s: float) -> dict[str, Any]:
+    """One `serve` process, `num_clients` threads over `num_processes` client processes."""
+    from marl_runner.io import list_batch_files
 
-
-def measure_in_process(num_clients: int, duration_s: float) -> dict[str, Any]:
-    with EnvRunner(_config(num_clients)) as runner:
-        env = runner.env.get_sub_environments()[0]
-        forward = _count_forward(runner)
-        stop = threading.Event()
-
-        def loop() -> None:
-            while not stop.is_set():
-                runner.step()
-
-        stepper = threading.Thread(target=loop)
-        stepper.start()
+    with tempfile.TemporaryDirectory() as tmp:
+        out_dir = Path(tmp) / "out"
+        server, address = _start_server(out_dir)
         try:
-            result = _drive(lambda: env, num_clients, duration_s)
+            start = time.time() + START_DELAY_S
+            end = start + duration_s
+            threads = num_clients // num_processes
+            clients = [
+                subprocess.Popen(
+                    [sys.executable, "-m", "benchmarks.external", "--client", address,
+                     str(threads), repr(start), repr(end), str(i)],
+                    cwd=REPO, stdout=subprocess.PIPE, text=True,
+                    env={**os.environ, "PYTHONPATH": str(REPO)},
+                )
+                for i in range(num_processes)
+            ]
+            parts = [json.loads(c.communicate(timeout=duration_s + 120)[0]) for c in clients]
         finally:
-            stop.set()
-            runner.stop()
-            stepper.join()
-    result["forward_per_request"] = forward[0] / max(result["requests"], 1)
-    return result
-
-
-def measure_http(num_clients: int, duration_s: float) -> dict[str, Any]:
-    with EnvRunner(_config(num_clients)) as runner:
-        forward = _count_forward(runner)
-        server = PolicyServer(runner, "127.0.0.1", 0).start()
-        stop = threading.Event()
-        loop = threading.Thread(target=server.serve, args=(stop, lambda item: None))
-        loop.start()
-        try:
-            result = _drive(lambda: PolicyClient(server.address), num_clients, duration_s)
-        finally:
-            stop.set()
-            loop.join()
-            runner.stop()
-            server.close()
-    result["forward_per_request"] = forward[0] / max(result["requests"], 1)
-    return result
+            server.send_signal(signal.SIGINT)
+            output, _ = server.communicate(timeout=120)
+        written = len(list_batch_files(out_dir)) if out_dir.exists() else 0
+    latencies = np.array([x for p in parts for x in p["latencies"]])
+    errors = [e for p in parts for e in p["errors"]]
+    return {
+        "clients": num_clients,
+        "processes": num_processes,
+        "calls_per_s": len(latencies) / duration_s,
+        "p50_ms": float(np.percentile(latencies, 50)) if len(latencies) else float("nan"),
+        "p99_ms": float(np.percentile(latencies, 99)) if len(latencies) else float("nan"),
+        "errors": len(errors),
+        "first_errors": errors[:3],
+        "episodes_finished": sum(p["episodes"] for p in parts),
+        "episodes_written": written,
+        "server_exit": server.returncode,
+        "server_tail": output[-2000:] if server.returncode else "",
+    }
 
 
 def measure_codecs(repeats: int) -> list[dict[str, Any]]:
     """µs to encode a get_action request and decode it into arrays of the obs space."""
     rng = np.random.default_rng(0)
     cases = {
-        f"{NUM_AGENTS} x {OBS_DIM} floats": gym.spaces.Box(-1, 1, (OBS_DIM,), np.float32),
+        f"{NUM_AGENTS} x 16 floats": gym.spaces.Box(-1, 1, (16,), np.float32),
         f"{NUM_AGENTS} x 84x84x3 uint8": gym.spaces.Box(0, 255, (84, 84, 3), np.uint8),
     }
     rows = []
@@ -164,33 +177,34 @@ def measure_codecs(repeats: int) -> list[dict[str, Any]]:
 
 
 def external_benchmark(
-    duration_s: float, smoke: bool, progress: Callable[[str], None], num_clients: int = 16
+    duration_s: float, smoke: bool, progress: Callable[[str], None]
 ) -> dict[str, Any]:
-    duration = 0.3 if smoke else duration_s
-    progress(f"external: in-process, {num_clients} client threads")
-    in_process = measure_in_process(num_clients, duration)
-    progress(f"external: HTTP on loopback, {num_clients} client threads")
-    http = measure_http(num_clients, duration)
-    return {
-        "num_clients": num_clients,
-        "duration_s": duration,
-        "in_process": in_process,
-        "http": http,
-        "codec": measure_codecs(3 if smoke else 200),
-    }
+    """Serving at 16 and 64 clients (1 s each with `smoke`), and the codec costs."""
+    duration = 1.0 if smoke else duration_s
+    served = []
+    for num_clients, num_processes in SETTINGS:
+        progress(f"external: marl-runner serve, {num_clients} clients in "
+                 f"{num_processes} processes, {duration:g} s")
+        served.append(measure_served(num_clients, num_processes, duration))
+    return {"duration_s": duration, "served": served, "codec": measure_codecs(3 if smoke else 200)}
 
 
 def print_external(console: Console, result: dict[str, Any]) -> None:
-    table = Table(title=f"serving {result['num_clients']} concurrent clients "
-                  f"({NUM_AGENTS} agents x {OBS_DIM} floats per request)")
-    for column in ("mode", "actions/s", "requests", "forward passes / request",
-                   "get_action median ms", "p99 ms"):
+    """The serving table and the codec table."""
+    table = Table(title=f"marl-runner serve {CONFIG.relative_to(REPO)}: remote inference over "
+                  f"loopback, {EPISODE_LEN}-step episodes of {NUM_AGENTS} drones, "
+                  f"{result['duration_s']:g} s")
+    for column in ("clients", "processes", "get_action calls/s", "p50 ms", "p99 ms", "errors",
+                   "episodes finished", "written"):
         table.add_column(column, justify="right")
-    for mode in ("in_process", "http"):
-        r = result[mode]
-        table.add_row(mode.replace("_", "-"), f"{r['actions_per_s']:,.0f}", f"{r['requests']:,}",
-                      f"{r['forward_per_request']:.3f}", f"{r['median_ms']:.2f}", f"{r['p99_ms']:.2f}")
+    for r in result["served"]:
+        table.add_row(str(r["clients"]), str(r["processes"]), f"{r['calls_per_s']:,.0f}",
+                      f"{r['p50_ms']:.1f}", f"{r['p99_ms']:.1f}", str(r["errors"]),
+                      f"{r['episodes_finished']:,}", f"{r['episodes_written']:,}")
     console.print(table)
+    for r in result["served"]:
+        for error in r["first_errors"]:
+            console.print(f"{r['clients']} clients: {error}", markup=False, highlight=False)
     codecs = Table(title="wire codec: encode + decode + convert one get_action request")
     for column in ("payload", "binary µs", "binary bytes", "JSON µs", "JSON bytes"):
         codecs.add_column(column, justify="right")
@@ -198,3 +212,8 @@ def print_external(console: Console, result: dict[str, Any]) -> None:
         codecs.add_row(row["payload"], f"{row['binary_us']:,.0f}", f"{row['binary_bytes']:,}",
                        f"{row['json_us']:,.0f}", f"{row['json_bytes']:,}")
     console.print(codecs)
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--client"]:
+    _, _, address, threads, start, end, seed = sys.argv
+    print(json.dumps(client_process(address, int(threads), float(start), float(end), int(seed))))
