@@ -22,6 +22,8 @@ from typing import IO, Any
 
 import numpy as np
 
+from marl_runner.metrics_merge import merge_metrics
+
 __all__ = [
     "MetricsLogWriter",
     "RunMetrics",
@@ -161,8 +163,6 @@ class RunMetrics:
     @staticmethod
     def _merge(parts: list[dict[str, Any]], since: float) -> dict[str, Any]:
         """``parts`` as one interval that began at ``since`` (``perf_counter`` time)."""
-        from marl_runner.distributed.metrics import merge_metrics
-
         merged = merge_metrics(parts, time.perf_counter() - since)
         for key in _STATE_KEYS:
             if parts and key in parts[-1]:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from marl_runner import check_batch_invariants
+from marl_runner import check_batch_invariants, ray_support
 from marl_runner.distributed import connect_ray, ray_auth
 from marl_runner.io import read_batches
 
@@ -113,16 +113,40 @@ def test_a_failed_join_says_what_to_check(clean_auth_env, monkeypatch) -> None:
 
 
 def test_only_the_token_enabled_notice_is_quiet(caplog) -> None:
-    ray_auth.quiet_token_auth_notice()
-    ray_auth.quiet_token_auth_notice()  # idempotent: one filter
-    logger = logging.getLogger(ray_auth.TOKEN_SETUP_LOGGER)
+    ray_support.quiet_token_auth_notice()
+    ray_support.quiet_token_auth_notice()  # idempotent: one filter
+    logger = logging.getLogger(ray_support.TOKEN_SETUP_LOGGER)
     assert len(logger.filters) == 1
-    with caplog.at_level(logging.WARNING, logger=ray_auth.TOKEN_SETUP_LOGGER):
-        logger.warning("%s. Set RAY_AUTH_MODE=disabled to opt out.", ray_auth.ENABLED_NOTICE)
+    with caplog.at_level(logging.WARNING, logger=ray_support.TOKEN_SETUP_LOGGER):
+        logger.warning("%s. Set RAY_AUTH_MODE=disabled to opt out.", ray_support.ENABLED_NOTICE)
         logger.warning("Token authentication is disabled for this Ray cluster. Anyone ...")
     assert [record.getMessage()[:45] for record in caplog.records] == [
         "Token authentication is disabled for this Ray"
     ]
+
+
+def test_without_an_address_ray_is_started_or_joined_once(monkeypatch) -> None:
+    """`connect_ray()` and the Ray sub-env pool share `ray_support.init_ray`: quiet notice,
+    no dashboard, and an existing cluster (fixed resources) joined without num_cpus."""
+    ray = pytest.importorskip("ray")
+    calls: list[dict] = []
+    connected = [False]
+
+    def init(**kwargs):
+        calls.append(kwargs)
+        if "num_cpus" in kwargs and kwargs["num_cpus"] is not None:
+            raise ValueError("When connecting to an existing cluster, num_cpus must not be provided")
+        connected[0] = True
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: connected[0])
+    monkeypatch.setattr(ray, "init", init)
+    assert connect_ray(num_cpus=2) is True
+    options = {"include_dashboard": False, "logging_level": logging.WARNING}
+    assert calls == [{"num_cpus": 2, **options}, options]
+    assert ray_support.init_ray() is False  # connected already: reused, not owned
+    assert connect_ray() is False
+    assert len(calls) == 2
+    assert len(logging.getLogger(ray_support.TOKEN_SETUP_LOGGER).filters) == 1
 
 
 # ----------------------------------------------------------------------------- a real cluster

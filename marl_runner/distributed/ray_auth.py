@@ -1,14 +1,13 @@
-"""Ray token authentication when joining a cluster: which token to present, and
-quiet output without turning authentication off.
+"""Ray token authentication when joining a cluster by address: which token to present.
 
-Ray (2.52 on) protects a cluster with a token: `ray start --head` turns it on
-when a token exists (`~/.ray/auth_token`, `RAY_AUTH_TOKEN` or
-`RAY_AUTH_TOKEN_PATH`), and a local `ray.init()` creates one. A client joining
-with `address="auto"` presents this machine's token by itself, but one joining
-an explicit `HOST:PORT` does so only with `RAY_AUTH_MODE=token`, and otherwise
-retries for about 20 s and fails with `InvalidAuthToken` in its log. Ray holds
-back on purpose: a token must not be sent to a host nobody named it for. So
-marl-runner turns token mode on for an explicit address only when that is what
+Ray has token authentication since 2.52, on by default for local clusters
+since 2.59: `ray start --head` turns it on when a token exists
+(`~/.ray/auth_token`, `RAY_AUTH_TOKEN` or `RAY_AUTH_TOKEN_PATH`), and a local
+`ray.init()` creates one. A client joining with `address="auto"` presents
+this machine's token by itself, but one joining an explicit `HOST:PORT` does
+so only with `RAY_AUTH_MODE=token`, and otherwise retries for about 20 s and
+fails with `InvalidAuthToken` in its log. Ray holds back on purpose: a token
+must not be sent to a host nobody named it for. So marl-runner turns token mode on for an explicit address only when that is what
 the user asked for or when the token cannot leave this machine:
 
 - `RAY_AUTH_MODE` set: Ray's own choice, left alone (`disabled` included);
@@ -17,23 +16,34 @@ the user asked for or when the token cannot leave this machine:
 - the address is this machine and `~/.ray/auth_token` exists: the cluster and
   the token file are on this machine, as with `address="auto"`.
 
-A client in token mode still joins a cluster without authentication.
+A client in token mode still joins a cluster without authentication. The
+notice a local `ray.init()` prints is quieted by `marl_runner.ray_support`,
+re-exported here for code that imports it from this module.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from marl_runner.ray_support import ENABLED_NOTICE, TOKEN_SETUP_LOGGER, quiet_token_auth_notice
+
+__all__ = [
+    "ENABLED_NOTICE",
+    "TOKEN_SETUP_LOGGER",
+    "address_host",
+    "default_token_path",
+    "enable_token_mode",
+    "is_this_machine",
+    "join_failure_hint",
+    "quiet_token_auth_notice",
+    "wants_token_mode",
+]
+
 AUTH_MODE_VAR = "RAY_AUTH_MODE"
 TOKEN_VARS = ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
-#: The logger and the opening words of the notice a local `ray.init()` prints each time
-#: it turns token authentication on by default (it only says how to opt out).
-TOKEN_SETUP_LOGGER = "ray._private.authentication.authentication_token_setup"
-ENABLED_NOTICE = "Token authentication is enabled for this Ray cluster"
 _LOOPBACK = {"localhost", "127.0.0.1", "::1"}
 
 
@@ -101,20 +111,3 @@ def join_failure_hint(address: str) -> str:
         f"could not join the Ray cluster at {address!r}: check that `ray start --head` runs "
         f"there and its port is reachable from here; {token} (see docs/SCALING.md)"
     )
-
-
-class _DropEnabledNotice(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith(ENABLED_NOTICE)
-
-
-def quiet_token_auth_notice() -> None:
-    """Drop the notice that a local `ray.init()` prints on every run when it turns token
-    authentication on by default.
-
-    Only that notice goes: authentication stays on, and Ray's warning that a cluster
-    runs WITHOUT authentication (anyone on the network could run code on it) is kept.
-    """
-    logger = logging.getLogger(TOKEN_SETUP_LOGGER)
-    if not any(isinstance(existing, _DropEnabledNotice) for existing in logger.filters):
-        logger.addFilter(_DropEnabledNotice())

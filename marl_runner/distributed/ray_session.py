@@ -3,15 +3,10 @@
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import Iterator
 
-from marl_runner.distributed.ray_auth import (
-    enable_token_mode,
-    join_failure_hint,
-    quiet_token_auth_notice,
-    wants_token_mode,
-)
+from marl_runner.distributed.ray_auth import enable_token_mode, join_failure_hint, wants_token_mode
+from marl_runner.ray_support import INIT_OPTIONS, init_ray, quiet_token_auth_notice
 
 
 def connect_ray(address: str | None = None, *, num_cpus: int | None = None) -> bool:
@@ -29,23 +24,17 @@ def connect_ray(address: str | None = None, *, num_cpus: int | None = None) -> b
     """
     import ray
 
+    if address is None:
+        return init_ray(num_cpus)
     if ray.is_initialized():
         return False
     quiet_token_auth_notice()
-    options = {"include_dashboard": False, "logging_level": logging.WARNING}
-    if address is not None:
-        if wants_token_mode(address):
-            enable_token_mode()
-        try:
-            ray.init(address=address, **options)
-        except ConnectionError as exc:
-            raise ConnectionError(join_failure_hint(address)) from exc
-        return True
+    if wants_token_mode(address):
+        enable_token_mode()
     try:
-        ray.init(num_cpus=num_cpus, **options)
-    except ValueError:
-        # An existing cluster was found: its resources are fixed, num_cpus must not be given.
-        ray.init(**options)
+        ray.init(address=address, **INIT_OPTIONS)
+    except ConnectionError as exc:
+        raise ConnectionError(join_failure_hint(address)) from exc
     return True
 
 

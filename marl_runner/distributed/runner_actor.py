@@ -24,7 +24,8 @@ class RunnerActor:
 
     def __init__(self, config: Any, runner_kwargs: dict[str, Any]) -> None:
         """Build the runner from the group's config (its seed already set per runner)."""
-        from marl_runner import EnvRunner  # inside the actor: imports torch there only
+        # Inside the actor: torch is imported there only.
+        from marl_runner.sampling.runner import EnvRunner
 
         self.runner = EnvRunner(config, **runner_kwargs)
 

@@ -9,6 +9,7 @@ from operator import methodcaller
 from time import perf_counter
 from typing import Any
 
+from marl_runner.batch import concat_samples
 from marl_runner.config import RunnerConfig
 from marl_runner.distributed.filter_states import (
     FilterStates,
@@ -17,9 +18,9 @@ from marl_runner.distributed.filter_states import (
     pop_filter_deltas,
     read_filter_states,
 )
-from marl_runner.distributed.metrics import merge_metrics
 from marl_runner.distributed.ray_session import connect_ray
 from marl_runner.distributed.runner_actor import RunnerActor
+from marl_runner.metrics_merge import merge_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -141,7 +142,7 @@ class EnvRunnerGroup:
         self.local_runner = None
         try:
             if local_runner or num_runners == 0:
-                from marl_runner import EnvRunner
+                from marl_runner.sampling.runner import EnvRunner  # imports torch
 
                 self.local_runner = EnvRunner(config, **self._runner_kwargs)
             if num_runners:
@@ -161,8 +162,6 @@ class EnvRunnerGroup:
         go to each runner's `EnvRunner.sample`. A runner that dies meanwhile
         is restarted and asked again; one that cannot be restarted is left out.
         """
-        from marl_runner import concat_samples
-
         if not self.num_runners:
             return self._sample_locally(sample_kwargs)
         batches = []

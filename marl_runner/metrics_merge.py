@@ -1,4 +1,6 @@
-"""One metrics dict from the metrics of many samples of many runners."""
+"""One metrics dict from the metrics of many samples of many runners: a runner group
+merges its runners', and a metrics log its intervals' (the bottom floor: no imports of
+marl_runner)."""
 
 from __future__ import annotations
 
