@@ -40,28 +40,46 @@ by anyone with numpy and never unpickled)::
 from __future__ import annotations
 
 import json
+import math
+import os
 import re
 import zipfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
 from marl_runner.batch import MultiAgentBatch, SampleBatch
 from marl_runner.io.atomic import fsync_directory, write_atomically
+from marl_runner.io.batch_checks import (
+    BatchFileError,
+    check_column_dtype,
+    field,
+    load_json,
+    shortened,
+)
 from marl_runner.io.json_rows import row_to_json
 from marl_runner.io.row_dicts import stack_row_dicts, unstack_row_dicts
+from marl_runner.io.safe_files import FileRefused, open_regular_file
 
-__all__ = [
-    "FORMATS", "batch_path", "list_batch_files", "read_batch", "read_batches", "write_batch"
-]
+__all__ = ["FORMATS", "batch_path", "list_batch_files", "read_batch", "read_batches", "write_batch"]
 
 FORMAT_NAME = "marl-runner-batch"
 FORMAT_VERSION = 2
 FORMATS = ("npz", "parquet")
 _BATCH_FILE = re.compile(r"batch_(\d+)\.npz")
 _MANIFEST_FILE = re.compile(r"batch_(\d+)\.json")
+_HEADER_FIELDS = ("format", "version", "env_steps", "agent_steps", "policies")
+_ENCODINGS = ("array", "json", "nested", "row_dicts")
+_STRUCTURED = ("nested", "row_dicts")
+#: numpy kinds an entry may hold: bool, ints, floats, complex, str, bytes; never objects.
+_ARRAY_KINDS = "biufcUS"
+_MAX_NDIM = 32
+_NPY_HEADER_READERS = {
+    (1, 0): np.lib.format.read_array_header_1_0,
+    (2, 0): np.lib.format.read_array_header_2_0,
+}
 
 
 def batch_path(out_dir: str | Path, index: int) -> Path:
@@ -138,30 +156,257 @@ def read_batches(directory: str | Path) -> Iterator[MultiAgentBatch]:
 
 
 def read_batch(path: str | Path) -> MultiAgentBatch:
-    """Loads one batch file written by ``write_batch`` (a Parquet batch by its manifest)."""
+    """Loads one batch file written by ``write_batch`` (a Parquet batch by its manifest).
+
+    The file is data that may have been crafted, and is checked before any
+    array is allocated (see ``_NpzReader``): a ``ValueError`` naming the file
+    and the field, never more memory than about the file's size.
+    """
     path = Path(path)
     if path.suffix == ".json":
         return _parquet_io().read_parquet_batch(path)
     try:
-        with np.load(path, allow_pickle=False) as data:
-            header = json.loads(data["header"].tobytes().decode("utf-8"))
-            if header.get("format") != FORMAT_NAME or header.get("version") != FORMAT_VERSION:
-                raise ValueError(
-                    f"unsupported format {header.get('format')!r} version {header.get('version')!r}; "
-                    f"expected {FORMAT_NAME!r} version {FORMAT_VERSION}"
+        file = open_regular_file(path)
+    except FileRefused as exc:
+        raise BatchFileError(path, f"it {exc}") from None
+    except OSError as exc:
+        raise BatchFileError(path, exc.strerror or str(exc)) from None
+    with file:
+        return _NpzReader(path, file).read()
+
+
+class _NpzReader:
+    """One ``.npz`` batch file, read with every header field, reference and size checked.
+
+    - the zip holds ``.npy`` members only, each once, stored uncompressed, and
+      together no larger than the file: the arrays read never take more memory
+      than the bytes on disk;
+    - the JSON header nests at most ``MAX_JSON_DEPTH`` levels, and every field
+      has its type; a column's entries are its own (``<policy>/<column>...``)
+      and each entry is named by one field only;
+    - each ``.npy`` header declares a plain dtype (numbers, bools, strings:
+      no objects, no records) and a shape whose bytes are exactly those stored;
+    - columns with a meaning have a dtype that fits it (``check_column_dtype``).
+    """
+
+    def __init__(self, path: Path, file: BinaryIO) -> None:
+        self.path = path
+        self.file_bytes = os.fstat(file.fileno()).st_size
+        try:
+            self.archive = zipfile.ZipFile(file)
+        except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+            raise BatchFileError(path, f"it is not a zip of .npy arrays ({exc})") from None
+        self.members = self._members()
+        self.named_by: dict[str, str] = {}  # entry -> the field that named it
+
+    def _members(self) -> dict[str, zipfile.ZipInfo]:
+        members: dict[str, zipfile.ZipInfo] = {}
+        total = 0
+        for info in self.archive.infolist():
+            entry = info.filename.removesuffix(".npy")
+            if entry == info.filename:
+                raise self.error(f"zip member {shortened(info.filename)} is not a .npy array")
+            if entry in members:
+                raise self.error(f"zip member {shortened(info.filename)} appears twice")
+            if info.compress_type != zipfile.ZIP_STORED or info.file_size != info.compress_size:
+                raise self.error(
+                    f"entry {shortened(entry)} is compressed; batch files store their arrays "
+                    "uncompressed, so that reading one takes no more memory than its size on disk"
                 )
-            policy_batches = {
-                policy["id"]: SampleBatch(
-                    {
-                        col["name"]: _decode_column(data, f"{policy['id']}/{col['name']}", col)
-                        for col in policy["columns"]
-                    }
+            members[entry] = info
+            total += info.file_size
+        if total > self.file_bytes:
+            raise self.error(
+                f"its entries declare {total:,} bytes, more than the file's {self.file_bytes:,}"
+            )
+        return members
+
+    def error(self, problem: str) -> BatchFileError:
+        return BatchFileError(self.path, problem)
+
+    def read(self) -> MultiAgentBatch:
+        raw = self.array("header", "header")
+        if raw.dtype != np.uint8 or raw.ndim != 1:
+            raise self.error(f"entry 'header' is {raw.dtype} {list(raw.shape)}; expected uint8 [n]")
+        header = load_json(raw.tobytes(), self.path, "header")
+        if not isinstance(header, dict):
+            raise self.error(
+                f"its header is {shortened(header)}, a JSON {type(header).__name__}; expected a JSON object"
+            )
+        if header.get("format") != FORMAT_NAME or header.get("version") != FORMAT_VERSION:
+            raise self.error(
+                f"unsupported format {shortened(header.get('format'))} version "
+                f"{shortened(header.get('version'))}; expected {FORMAT_NAME!r} version {FORMAT_VERSION}"
+            )
+        unknown = sorted(set(header) - set(_HEADER_FIELDS))
+        if unknown:
+            raise self.error(
+                f"header has unknown fields {shortened(unknown)}; expected {list(_HEADER_FIELDS)}"
+            )
+        env_steps = self.count(header, "env_steps")
+        agent_steps = self.count(header, "agent_steps")
+        policies = field(header, "policies", list, self.path, "policies")
+        policy_batches: dict[str, SampleBatch] = {}
+        for i, policy in enumerate(policies):
+            pid = field(policy, "id", str, self.path, f"policies[{i}].id")
+            columns = field(policy, "columns", list, self.path, f"policies[{i}].columns")
+            if pid in policy_batches or "/" in pid or set(policy) != {"id", "columns"}:
+                raise self.error(
+                    f"field 'policies[{i}]' is {shortened(policy)}; expected {{'id', 'columns'}} "
+                    "with an id without '/' that no other policy has"
                 )
-                for policy in header["policies"]
-            }
-    except (OSError, EOFError, KeyError, TypeError, ValueError, zipfile.BadZipFile) as exc:
-        raise ValueError(f"{path} is not a readable marl-runner batch file: {exc}") from exc
-    return MultiAgentBatch(policy_batches, env_steps=header["env_steps"])
+            batch = policy_batches[pid] = SampleBatch()
+            for j, column in enumerate(columns):
+                name, values = self.column(pid, column, f"policies[{i}].columns[{j}]")
+                batch[name] = values  # a name twice would name its entry twice: refused
+        batch = MultiAgentBatch(policy_batches, env_steps=env_steps)
+        if batch.agent_steps() != agent_steps:
+            raise self.error(
+                f"field 'agent_steps' is {agent_steps}, but its columns hold {batch.agent_steps()} rows"
+            )
+        return batch
+
+    def count(self, header: dict[str, Any], key: str) -> int:
+        value = field(header, key, int, self.path, key)
+        if value < 0:
+            raise self.error(f"field {key!r} is {value}; expected an integer >= 0")
+        return value
+
+    def column(self, pid: str, column: Any, where: str) -> tuple[str, Any]:
+        name = field(column, "name", str, self.path, f"{where}.name")
+        encoding = field(column, "encoding", str, self.path, f"{where}.encoding")
+        if encoding not in _ENCODINGS:
+            raise self.error(
+                f"field '{where}.encoding' is {shortened(encoding)}; expected one of {list(_ENCODINGS)}"
+            )
+        expected = (
+            {"name", "encoding", "structure"} if encoding in _STRUCTURED else {"name", "encoding"}
+        )
+        if set(column) != expected or not name or "/" in name:
+            raise self.error(
+                f"field {where!r} is {shortened(column)}; expected the fields {sorted(expected)} "
+                "and a name without '/'"
+            )
+        entry = f"{pid}/{name}"
+        if encoding == "array":
+            values = self.array(entry, f"{where} ({entry})")
+            check_column_dtype(name, values.dtype, self.path, entry)
+            return name, values
+        if encoding == "json":
+            return name, self.json_rows(entry, f"{where} ({entry})")
+        structure = column["structure"]
+        leaves = self.leaves(structure, entry, f"{where}.structure")
+        if encoding == "nested":
+            return name, leaves
+        if not isinstance(leaves, dict) or not _alike_rows(leaves):
+            raise self.error(f"field '{where}.structure' does not describe alike dicts of arrays")
+        return name, unstack_row_dicts(leaves)
+
+    def leaves(self, structure: Any, prefix: str, where: str) -> Any:
+        """The arrays a nested structure names, put back together (depth bounded by the
+        JSON depth limit)."""
+        if isinstance(structure, str):
+            if not structure.startswith(prefix + "/"):
+                raise self.error(
+                    f"field {where!r} names the entry {shortened(structure)}; expected one "
+                    f"under {prefix + '/'!r}"
+                )
+            return self.array(structure, where)
+        if isinstance(structure, dict) and structure:
+            if set(structure) == {"__tuple__"}:
+                parts = structure["__tuple__"]
+                if isinstance(parts, list) and parts:
+                    return tuple(
+                        self.leaves(part, prefix, f"{where}.__tuple__[{i}]")
+                        for i, part in enumerate(parts)
+                    )
+            else:
+                return {
+                    key: self.leaves(part, prefix, f"{where}.{key}")
+                    for key, part in structure.items()
+                }
+        raise self.error(
+            f"field {where!r} is {shortened(structure)}; expected an entry name, a non-empty "
+            "object of them or {'__tuple__': [...]}"
+        )
+
+    def json_rows(self, entry: str, where: str) -> np.ndarray:
+        texts = self.array(entry, where)
+        if texts.dtype.kind != "U" or texts.ndim != 1:
+            raise self.error(
+                f"entry {entry!r} is {texts.dtype.str} {list(texts.shape)}; expected one JSON text per row"
+            )
+        rows = np.empty(len(texts), dtype=object)
+        try:
+            rows[:] = [json.loads(str(text)) for text in texts]
+        except RecursionError:
+            raise self.error(f"a row of entry {entry!r} is nested too deeply") from None
+        except ValueError as exc:
+            raise self.error(f"a row of entry {entry!r} is not JSON: {exc}") from None
+        return rows
+
+    def array(self, entry: str, where: str) -> np.ndarray:
+        """Entry ``entry``, checked before its bytes are allocated; each entry once only."""
+        info = self.members.get(entry)
+        if info is None:
+            raise self.error(
+                f"field {where!r} names the entry {shortened(entry)}, which the file does not hold"
+            )
+        if entry in self.named_by:
+            raise self.error(
+                f"fields {self.named_by[entry]!r} and {where!r} both name the entry {entry!r}; "
+                "expected each entry to be named once"
+            )
+        self.named_by[entry] = where
+        with self.archive.open(info) as member:
+            try:
+                version = np.lib.format.read_magic(member)
+                if version not in _NPY_HEADER_READERS:
+                    raise ValueError(f"npy format version {version} is not supported")
+                shape, fortran_order, dtype = _NPY_HEADER_READERS[version](member)
+            except (ValueError, EOFError, SyntaxError, TypeError) as exc:
+                raise self.error(f"entry {entry!r} has no valid .npy header: {exc}") from None
+            stored = info.file_size - member.tell()
+            if (
+                dtype.kind not in _ARRAY_KINDS
+                or dtype.fields is not None
+                or dtype.subdtype is not None
+            ):
+                raise self.error(
+                    f"entry {entry!r} has dtype {dtype}; expected numbers, bools or strings"
+                )
+            declared = math.prod(shape) * dtype.itemsize
+            if (
+                len(shape) > _MAX_NDIM
+                or declared != stored
+                or (math.prod(max(n, 1) for n in shape) > max(self.file_bytes, 1))
+            ):
+                raise self.error(
+                    f"entry {entry!r} declares shape {shortened(list(shape))} of {dtype.str} "
+                    f"({declared:,} bytes), but stores {stored:,} bytes"
+                )
+            data = bytearray(declared)
+            if member.readinto(data) != declared:
+                raise self.error(f"entry {entry!r} ends before its {declared:,} bytes")
+        if not declared:
+            return np.empty(shape, dtype)
+        values = np.frombuffer(data, dtype)
+        return values.reshape(shape[::-1]).T if fortran_order else values.reshape(shape)
+
+
+def _alike_rows(leaves: dict[str, Any]) -> bool:
+    """Whether the leaves of a ``row_dicts`` structure are arrays with one equal row count."""
+    lengths = set()
+    stack: list[Any] = [leaves]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            stack.extend(node.values())
+        elif isinstance(node, np.ndarray) and node.ndim:
+            lengths.add(len(node))
+        else:
+            return False
+    return len(lengths) == 1
 
 
 def _encode(batch: MultiAgentBatch) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
@@ -232,30 +477,6 @@ def _part(name: Any) -> str:
             f"write_batch: column names and keys must be strings without '/', got {name!r}"
         )
     return name
-
-
-def _decode_column(data: Any, entry: str, column: dict[str, Any]) -> Any:
-    encoding = column["encoding"]
-    if encoding == "array":
-        return data[entry]
-    if encoding == "json":
-        rows = data[entry]
-        decoded = np.empty(len(rows), dtype=object)
-        decoded[:] = [json.loads(str(text)) for text in rows]
-        return decoded
-    if encoding == "nested":
-        return _load_leaves(data, column["structure"])
-    if encoding == "row_dicts":
-        return unstack_row_dicts(_load_leaves(data, column["structure"]))
-    raise ValueError(f"unknown column encoding {encoding!r}")
-
-
-def _load_leaves(data: Any, structure: Any) -> Any:
-    if isinstance(structure, str):
-        return data[structure]
-    if set(structure) == {"__tuple__"}:
-        return tuple(_load_leaves(data, part) for part in structure["__tuple__"])
-    return {key: _load_leaves(data, part) for key, part in structure.items()}
 
 
 def _parquet_io() -> Any:

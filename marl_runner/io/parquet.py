@@ -18,6 +18,7 @@ sees part of one. The columns and metadata are in docs/DATA.md.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -30,7 +31,9 @@ from marl_runner import __version__
 from marl_runner.batch import MultiAgentBatch, SampleBatch, concat_samples
 from marl_runner.config import ConfigError, space_to_spec
 from marl_runner.io.atomic import fsync_directory, write_atomically
-from marl_runner.io.parquet_columns import batch_to_table, table_to_batch
+from marl_runner.io.batch_checks import BatchFileError, field, load_json, shortened
+from marl_runner.io.parquet_columns import batch_to_table, read_records, table_to_batch
+from marl_runner.io.safe_files import FileRefused, open_regular_file
 
 __all__ = [
     "DEFAULT_MAX_ROWS_PER_FILE",
@@ -47,6 +50,12 @@ MANIFEST_FILE = re.compile(r"batch_(\d+)\.json")
 _POLICY_DIR = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
 _METADATA_KEYS = ("env", "spaces")
 COMPRESSIONS = ("zstd", "snappy", "gzip", "brotli", "lz4", "none")
+_MANIFEST_FIELDS = ("format", "version", "project_version", "env_steps", "agent_steps", "files")
+#: A manifest lists file names: a few KB. Larger is not a manifest.
+MAX_MANIFEST_BYTES = 1 << 20
+#: Bytes a data file may decode to per byte on disk, plus a fixed allowance (max_read_bytes).
+MAX_EXPANSION = 64
+READ_ALLOWANCE = 64 << 20
 
 
 def manifest_path(out_dir: str | Path, index: int) -> Path:
@@ -117,21 +126,109 @@ def write_parquet_batch(
 
 
 def read_parquet_batch(manifest: Path) -> MultiAgentBatch:
-    """Loads the batch a manifest names, with exactly the columns that were written."""
+    """Loads the batch a manifest names, with exactly the columns that were written.
+
+    Manifest and data files may have been crafted and are checked before use:
+    regular files only; the manifest at most ``MAX_MANIFEST_BYTES``, its JSON
+    at most ``MAX_JSON_DEPTH`` deep, every field typed; it lists each file
+    once, by the name the writer gives it in its policy's directory. Of a data
+    file only the columns its column records name are read, after their
+    declared uncompressed size is checked against ``max_read_bytes``, and
+    every decoded column must fit in the same bound.
+    """
     try:
-        content = json.loads(manifest.read_text(encoding="utf-8"))
-        if content.get("format") != FORMAT_NAME or content.get("version") != FORMAT_VERSION:
-            raise ValueError(
-                f"unsupported format {content.get('format')!r} version "
-                f"{content.get('version')!r}; expected {FORMAT_NAME!r} version {FORMAT_VERSION}"
+        with open_regular_file(manifest, max_bytes=MAX_MANIFEST_BYTES) as file:
+            content = load_json(file.read(MAX_MANIFEST_BYTES), manifest, "manifest")
+    except FileRefused as exc:
+        raise BatchFileError(manifest, f"it {exc}") from None
+    except OSError as exc:
+        raise BatchFileError(manifest, exc.strerror or str(exc)) from None
+    if not isinstance(content, dict):
+        raise BatchFileError(manifest, f"its manifest is {shortened(content)}; expected an object")
+    if content.get("format") != FORMAT_NAME or content.get("version") != FORMAT_VERSION:
+        raise BatchFileError(
+            manifest,
+            f"unsupported format {shortened(content.get('format'))} version "
+            f"{shortened(content.get('version'))}; expected {FORMAT_NAME!r} version "
+            f"{FORMAT_VERSION}",
+        )
+    unknown = sorted(set(content) - set(_MANIFEST_FIELDS))
+    if unknown:
+        raise BatchFileError(
+            manifest,
+            f"manifest has unknown fields {shortened(unknown)}; expected {list(_MANIFEST_FIELDS)}",
+        )
+    counts = {}
+    for key in ("env_steps", "agent_steps"):
+        counts[key] = field(content, key, int, manifest, key)
+        if counts[key] < 0:
+            raise BatchFileError(manifest, f"field {key!r} is {counts[key]}; expected >= 0")
+    files = field(content, "files", dict, manifest, "files")
+    policy_batches = {}
+    for pid, names in files.items():
+        parts = []
+        for path in _data_files(manifest, pid, names):
+            try:
+                parts.append(_read_table(path))
+            except BatchFileError as exc:  # named by the manifest the user asked for too
+                raise BatchFileError(manifest, f"{path}: {exc.problem}") from None
+        policy_batches[pid] = parts[0] if len(parts) == 1 else _concat(parts, manifest, pid)
+    batch = MultiAgentBatch(policy_batches, env_steps=counts["env_steps"])
+    if batch.agent_steps() != counts["agent_steps"]:
+        raise BatchFileError(
+            manifest,
+            f"field 'agent_steps' is {counts['agent_steps']}, but its files hold "
+            f"{batch.agent_steps()} rows",
+        )
+    return batch
+
+
+def max_read_bytes(file_bytes: int) -> int:
+    """What reading a data file of ``file_bytes`` may decode at most: ``MAX_EXPANSION`` times
+    its size plus ``READ_ALLOWANCE`` (zstd packs repetitive columns well, zeros best)."""
+    return MAX_EXPANSION * file_bytes + READ_ALLOWANCE
+
+
+def _data_files(manifest: Path, pid: Any, names: Any) -> list[Path]:
+    """The data files the manifest lists for ``pid``: each once, each the writer's name for
+    a file of this batch in the policy's own directory."""
+    where = f"files.{pid}"
+    if not isinstance(pid, str) or not _POLICY_DIR.fullmatch(pid):
+        raise BatchFileError(
+            manifest,
+            f"field 'files' has the policy id {shortened(pid)}, which names no policy directory",
+        )
+    if not isinstance(names, list) or not names:
+        raise BatchFileError(
+            manifest,
+            f"field {where!r} is {shortened(names)}; expected a non-empty list of file names",
+        )
+    index = MANIFEST_FILE.fullmatch(manifest.name)
+    stem = f"batch_{index.group(1)}" if index else r"batch_\d+"
+    allowed = re.compile(rf"{re.escape(pid)}/{stem}(?:_\d{{3,}})?\.parquet")
+    seen: set[str] = set()
+    for name in names:
+        if not isinstance(name, str) or not allowed.fullmatch(name):
+            raise BatchFileError(
+                manifest,
+                f"field {where!r} lists {shortened(name)}; expected files named "
+                f"'{pid}/{stem if index else 'batch_NNNNNN'}[_NNN].parquet'",
             )
-        policy_batches = {}
-        for pid, names in content["files"].items():
-            parts = [_read_table(manifest.parent / name) for name in names]
-            policy_batches[pid] = parts[0] if len(parts) == 1 else concat_samples(parts)
-        return MultiAgentBatch(policy_batches, env_steps=content["env_steps"])
-    except (OSError, KeyError, TypeError, ValueError, AttributeError, pa.ArrowException) as exc:
-        raise ValueError(f"{manifest} is not a readable marl-runner batch file: {exc}") from exc
+        if name in seen:
+            raise BatchFileError(
+                manifest, f"field {where!r} lists {name!r} twice; expected each file once"
+            )
+        seen.add(name)
+    return [manifest.parent / name for name in names]
+
+
+def _concat(parts: list[SampleBatch], manifest: Path, pid: str) -> SampleBatch:
+    try:
+        return concat_samples(parts)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise BatchFileError(
+            manifest, f"the files of policy {pid!r} do not fit together: {exc}"
+        ) from None
 
 
 def parquet_metadata(source: Any) -> dict[str, Any]:
@@ -219,7 +316,65 @@ def _write_table(path: Path, table: pa.Table, compression: str, written: list[Pa
 
 
 def _read_table(path: Path) -> SampleBatch:
-    return table_to_batch(pq.read_table(path))
+    """One data file: only the columns its records name, after checking their declared size."""
+    try:
+        with open_regular_file(path) as file:
+            file_bytes = os.fstat(file.fileno()).st_size
+            limit = max_read_bytes(file_bytes)
+            parquet_file = pq.ParquetFile(file)
+            records = read_records(parquet_file.schema_arrow, path)
+            columns = list(dict.fromkeys(record["column"] for record in records))
+            declared = _declared_bytes(parquet_file, columns, path)
+            if declared > limit:
+                raise BatchFileError(
+                    path,
+                    f"its columns {shortened(columns)} declare {declared:,} bytes uncompressed, "
+                    f"more than {limit:,} ({MAX_EXPANSION}x its {file_bytes:,} bytes on disk "
+                    f"+ {READ_ALLOWANCE:,})",
+                )
+            table = parquet_file.read(columns=columns, use_threads=False)
+    except FileRefused as exc:
+        raise BatchFileError(path, f"it {exc}") from None
+    except OSError as exc:
+        raise BatchFileError(path, exc.strerror or str(exc)) from None
+    except pa.ArrowException as exc:
+        raise BatchFileError(path, str(exc)) from None
+    return table_to_batch(table, records, path, limit)
+
+
+def _declared_bytes(parquet_file: pq.ParquetFile, columns: list[str], path: Path) -> int:
+    """Uncompressed bytes of ``columns`` in every row group, as the file's footer declares."""
+    fields = parquet_file.schema_arrow
+    leaf_owner: list[str] = []
+    for arrow_field in fields:
+        leaf_owner += [arrow_field.name] * _leaf_count(arrow_field.type)
+    metadata = parquet_file.metadata
+    if len(leaf_owner) != metadata.num_columns:
+        raise BatchFileError(path, "its schema and its column chunks do not agree")
+    wanted = set(columns)
+    total = 0
+    for group in range(metadata.num_row_groups):
+        row_group = metadata.row_group(group)
+        for leaf, owner in enumerate(leaf_owner):
+            if owner in wanted:
+                total += max(row_group.column(leaf).total_uncompressed_size, 0)
+    return total
+
+
+def _leaf_count(arrow_type: pa.DataType) -> int:
+    """Parquet leaf columns an Arrow type is stored as (structs: one per field, lists: their
+    values')."""
+    if pa.types.is_struct(arrow_type):
+        return sum(_leaf_count(arrow_type.field(i).type) for i in range(arrow_type.num_fields))
+    if (
+        pa.types.is_list(arrow_type)
+        or pa.types.is_large_list(arrow_type)
+        or pa.types.is_fixed_size_list(arrow_type)
+    ):
+        return _leaf_count(arrow_type.value_type)
+    if pa.types.is_map(arrow_type):
+        return _leaf_count(arrow_type.key_type) + _leaf_count(arrow_type.item_type)
+    return 1
 
 
 def _space_spec(space: Any) -> dict[str, Any]:

@@ -15,6 +15,7 @@ numpy dtypes, shapes, nesting) travels in the schema metadata.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,6 +23,13 @@ import numpy as np
 import pyarrow as pa
 
 from marl_runner.batch import SampleBatch
+from marl_runner.io.batch_checks import (
+    BatchFileError,
+    check_column_dtype,
+    field,
+    load_json,
+    shortened,
+)
 from marl_runner.io.json_rows import row_to_json
 from marl_runner.io.row_dicts import stack_row_dicts, unstack_row_dicts
 
@@ -48,6 +56,8 @@ COLUMNS_KEY = b"marl_runner.columns"
 
 # numpy kinds stored as Arrow values: bool, ints, floats, str, bytes.
 _ARRAY_KINDS = "biufUS"
+_MAX_NDIM = 32
+_ENCODINGS = ("array", "json", "nested", "row_dicts")
 
 
 def batch_to_table(batch: SampleBatch, policy_id: str) -> pa.Table:
@@ -77,15 +87,179 @@ def batch_to_table(batch: SampleBatch, policy_id: str) -> pa.Table:
     return table.replace_schema_metadata({COLUMNS_KEY: json.dumps(records)})
 
 
-def table_to_batch(table: pa.Table) -> SampleBatch:
-    """The SampleBatch ``batch_to_table`` stored, same column order, dtypes and shapes."""
-    records = json.loads((table.schema.metadata or {})[COLUMNS_KEY])
+def read_records(schema: pa.Schema, path: Any) -> list[dict[str, Any]]:
+    """The column records in a table's schema metadata, every field checked: each names a
+    distinct column of the table, an encoding, and for arrays a plain dtype and shape."""
+    raw = (schema.metadata or {}).get(COLUMNS_KEY)
+    if raw is None:
+        raise BatchFileError(path, f"its schema metadata has no {COLUMNS_KEY.decode()!r}")
+    records = load_json(raw, path, "column records")
+    if not isinstance(records, list):
+        raise BatchFileError(path, f"its column records are {shortened(records)}; expected a list")
+    names, columns = set(), set()
+    for i, record in enumerate(records):
+        where = f"{COLUMNS_KEY.decode()}[{i}]"
+        name = field(record, "name", str, path, f"{where}.name")
+        column = field(record, "column", str, path, f"{where}.column")
+        encoding = field(record, "encoding", str, path, f"{where}.encoding")
+        if name in names or column in columns or column not in schema.names:
+            raise BatchFileError(
+                path,
+                f"field {where!r} names column {shortened(column)} for {shortened(name)}; expected "
+                "a column of the table that no other record names",
+            )
+        names.add(name)
+        columns.add(column)
+        if encoding == "array":
+            _leaf_dtype(record, path, where)
+        elif encoding in ("nested", "row_dicts"):
+            _check_structure(
+                field(record, "structure", dict, path, f"{where}.structure"),
+                path,
+                f"{where}.structure",
+            )
+        elif encoding != "json":
+            raise BatchFileError(
+                path,
+                f"field '{where}.encoding' is {shortened(encoding)}; expected one of {list(_ENCODINGS)}",
+            )
+    return records
+
+
+def table_to_batch(
+    table: pa.Table,
+    records: list[dict[str, Any]] | None = None,
+    path: Any = "table",
+    max_bytes: int | None = None,
+) -> SampleBatch:
+    """The SampleBatch ``batch_to_table`` stored, same column order, dtypes and shapes.
+
+    ``records`` are the checked column records (``read_records`` of the table's
+    schema when not given); no decoded column may take more than ``max_bytes``.
+    ``path`` names the file in errors.
+    """
+    if records is None:
+        records = read_records(table.schema, path)
     rows = table.num_rows
     batch = SampleBatch()
+    decoder = _Decoder(path, rows, max_bytes)
     for record in records:
-        array = table.column(record["column"]).combine_chunks()
-        batch[record["name"]] = _decode_column(array, record, rows)
+        name = record["name"]
+        try:
+            array = table.column(record["column"]).combine_chunks()
+            batch[name] = decoder.column(array, record)
+        except BatchFileError:
+            raise
+        except (
+            ValueError,
+            TypeError,
+            AttributeError,
+            KeyError,
+            IndexError,
+            pa.ArrowException,
+        ) as exc:
+            raise BatchFileError(
+                path, f"column {record['column']!r} does not match its record: {exc}"
+            ) from None
+        if record["encoding"] == "array":
+            check_column_dtype(name, batch[name].dtype, path, record["column"])
     return batch
+
+
+def _leaf_dtype(record: Any, path: Any, where: str) -> tuple[np.dtype, tuple[int, ...]]:
+    """A leaf record's dtype (bool, numbers, strings) and row shape, checked."""
+    text = field(record, "dtype", str, path, f"{where}.dtype")
+    shape = field(record, "shape", list, path, f"{where}.shape")
+    try:
+        dtype = np.dtype(text) if len(text) <= 16 else None
+    except TypeError:
+        dtype = None
+    if (
+        dtype is None
+        or dtype.kind not in _ARRAY_KINDS
+        or dtype.fields is not None
+        or dtype.subdtype
+    ):
+        raise BatchFileError(
+            path,
+            f"field '{where}.dtype' is {shortened(text)}; expected a bool, number or string dtype",
+        )
+    if len(shape) > _MAX_NDIM or not all(type(n) is int and n >= 1 for n in shape):
+        raise BatchFileError(
+            path,
+            f"field '{where}.shape' is {shortened(shape)}; expected at most {_MAX_NDIM} integers >= 1",
+        )
+    return dtype, tuple(shape)
+
+
+def _check_structure(structure: Any, path: Any, where: str) -> None:
+    """A nested column's structure: leaf records, non-empty objects of them, or
+    ``{"__tuple__": [...]}`` (depth already bounded by the JSON depth limit)."""
+    if isinstance(structure, dict) and "dtype" in structure:
+        _leaf_dtype(structure, path, where)
+        return
+    if isinstance(structure, dict) and set(structure) == {"__tuple__"}:
+        parts = structure["__tuple__"]
+        if isinstance(parts, list) and parts:
+            for i, part in enumerate(parts):
+                _check_structure(part, path, f"{where}.__tuple__[{i}]")
+            return
+    elif isinstance(structure, dict) and structure:
+        for key, part in structure.items():
+            _check_structure(part, path, f"{where}.{key}")
+        return
+    raise BatchFileError(
+        path,
+        f"field {where!r} is {shortened(structure)}; expected a leaf record, a non-empty object "
+        "of them or {'__tuple__': [...]}",
+    )
+
+
+class _Decoder:
+    """Columns of one table back to numpy, none larger than ``max_bytes``."""
+
+    def __init__(self, path: Any, rows: int, max_bytes: int | None) -> None:
+        self.path, self.rows, self.max_bytes = path, rows, max_bytes
+
+    def column(self, array: pa.Array, record: Mapping[str, Any]) -> Any:
+        encoding = record["encoding"]
+        if encoding == "array":
+            return self.array(array, record, record["column"])
+        if encoding == "json":
+            decoded = np.empty(self.rows, dtype=object)
+            try:
+                decoded[:] = [json.loads(text) for text in array.to_pylist()]
+            except RecursionError:
+                raise BatchFileError(
+                    self.path, f"a row of column {record['column']!r} is nested too deeply"
+                ) from None
+            return decoded
+        nested = self.nested(array, record["structure"], record["column"])
+        return nested if encoding == "nested" else unstack_row_dicts(nested)
+
+    def nested(self, array: pa.StructArray, structure: Any, where: str) -> Any:
+        if "dtype" in structure:
+            return self.array(array, structure, where)
+        if set(structure) == {"__tuple__"}:
+            return tuple(
+                self.nested(array.field(str(i)), part, f"{where}.{i}")
+                for i, part in enumerate(structure["__tuple__"])
+            )
+        return {
+            key: self.nested(array.field(key), part, f"{where}.{key}")
+            for key, part in structure.items()
+        }
+
+    def array(self, array: pa.Array, record: Mapping[str, Any], where: str) -> np.ndarray:
+        dtype, shape = _leaf_dtype(record, self.path, where)
+        size = self.rows * math.prod(shape) * dtype.itemsize
+        if self.max_bytes is not None and size > self.max_bytes:
+            raise BatchFileError(
+                self.path,
+                f"column {where!r}: {self.rows} rows of {dtype.str} {list(shape)} would take "
+                f"{size:,} bytes, more than the {self.max_bytes:,} this file may decode to",
+            )
+        return _decode_array(array, dtype, shape, self.rows)
 
 
 def _encode_column(
@@ -165,34 +339,9 @@ def _leaf_record(values: np.ndarray) -> dict[str, Any]:
     return {"dtype": values.dtype.str, "shape": list(values.shape[1:])}
 
 
-def _decode_column(array: pa.Array, record: Mapping[str, Any], rows: int) -> Any:
-    encoding = record["encoding"]
-    if encoding == "array":
-        return _decode_array(array, record, rows)
-    if encoding == "json":
-        decoded = np.empty(rows, dtype=object)
-        decoded[:] = [json.loads(text) for text in array.to_pylist()]
-        return decoded
-    if encoding == "nested":
-        return _decode_nested(array, record["structure"], rows)
-    if encoding == "row_dicts":
-        return unstack_row_dicts(_decode_nested(array, record["structure"], rows))
-    raise ValueError(f"column {record['column']!r}: unknown encoding {encoding!r}")
-
-
-def _decode_nested(array: pa.StructArray, structure: Any, rows: int) -> Any:
-    if "dtype" in structure:
-        return _decode_array(array, structure, rows)
-    if set(structure) == {"__tuple__"}:
-        return tuple(
-            _decode_nested(array.field(str(i)), part, rows)
-            for i, part in enumerate(structure["__tuple__"])
-        )
-    return {key: _decode_nested(array.field(key), part, rows) for key, part in structure.items()}
-
-
-def _decode_array(array: pa.Array, record: Mapping[str, Any], rows: int) -> np.ndarray:
-    dtype, shape = np.dtype(record["dtype"]), tuple(record["shape"])
+def _decode_array(
+    array: pa.Array, dtype: np.dtype, shape: tuple[int, ...], rows: int
+) -> np.ndarray:
     for _ in shape:
         array = array.flatten()
     if dtype.kind in "US":
