@@ -136,6 +136,36 @@ WORKLOADS: dict[str, Workload] = {
             # column (obs, new_obs) per batch. At 200 steps a batch would need ~20 GB.
             max_fragment_length=10,
         ),
+        Workload(
+            name="battle",
+            description="MAgent2 battle_v4 (map 45, 200 cycles): 162 agents, 13x13x5 obs, "
+            "agents die; red and blue policies by prefix",
+            env={
+                "name": "magent2.environments.battle_v4:parallel_env",
+                "config": {"map_size": 45, "max_cycles": 200},
+                "api": "parallel",
+            },
+            num_envs=2,
+            policies=("red", "blue"),
+            policy_mapping_fn={"red_*": "red", "blue_*": "blue"},
+            target_ratio=None,
+            max_fragment_length=100,
+        ),
+        Workload(
+            name="cheap512",
+            description="CheapEnv with 512 agents, 16-dim obs, 100-step episodes, "
+            "2 policies by agent parity",
+            env={
+                "name": "marl_runner.envs.testing.cheap_env:CheapEnv",
+                "config": {"num_agents": 512, "episode_len": 100, "obs_dim": 16, "num_actions": 5},
+                "api": "multi_agent",
+            },
+            num_envs=2,
+            policies=("even", "odd"),
+            policy_mapping_fn={"agent_*[02468]": "even", "agent_*": "odd"},
+            target_ratio=None,
+            max_fragment_length=100,
+        ),
     )
 }
 
@@ -145,6 +175,8 @@ DEFAULT_WORKLOADS = ("cheap", "spread", "kaz", "connect_four")
 SUBPROCESS_WORKLOADS = ("kaz", "pistonball")
 #: The workload of the memory-growth check.
 MEMORY_WORKLOAD = "cheap"
+#: What ``--population`` measures: many agents per env.
+POPULATION_WORKLOADS = ("battle", "cheap512")
 
 
 def get_workload(name: str) -> Workload:

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from marl_runner import EnvRunner
+from marl_runner.checks import trajectory_rows
 from marl_runner.sampling.column_block import allocate_columns, take_rows
 from marl_runner.sampling.rewards import RewardLedger
 from marl_runner.sampling.trajectories import KeyTable, PolicyTrajectories
@@ -92,17 +93,21 @@ def test_build_matches_a_per_row_pairing_of_every_column(seed: int, partial: boo
     store, table, rows_of = _store(seed)
     built = [key for key in rows_of if not partial or table.env_id[key] != 1]
     mask = table.mask(built)
-    stored_before = store.rows.size
+    stored_before = store.size
     batch, finished, segments = store.build(mask, table, unroll_id=5)
 
     expected = _expected(table, rows_of, built)
     assert list(batch) == [
         "t", "obs", "new_obs", "rewards", "terminateds", "truncateds", "infos", "actions",
         "env_state", "new_env_state", "policy_version", "eps_id", "env_id", "agent_index",
-        "agent_id", "unroll_id",
+        "agent_id", "unroll_id", "continues",
     ]
+    assert not batch["continues"].any()  # no fragment of these keys was built before
+    # Rows come in the order their opening rows were stored; in key order (stable) they
+    # are the per-row reference's.
+    by_key = batch.select(segments.order)
     for name, values in expected.items():
-        column = batch[name]
+        column = by_key[name]
         if column.dtype == object:
             assert column.tolist() == values, name
         else:
@@ -112,29 +117,78 @@ def test_build_matches_a_per_row_pairing_of_every_column(seed: int, partial: boo
     ends_done = {k for k in built if rows_of[k][-1]["terminateds"] or rows_of[k][-1]["truncateds"]}
     assert sorted(finished.tolist()) == sorted(ends_done)
     with_transitions = sorted(k for k in built if len(rows_of[k]) > 1)
-    np.testing.assert_array_equal(segments[:, 0], with_transitions)
-    np.testing.assert_array_equal(segments[:, 2] - segments[:, 1], [len(rows_of[k]) - 1 for k in with_transitions])
+    table_ = segments.table
+    np.testing.assert_array_equal(table_[:, 0], with_transitions)
+    np.testing.assert_array_equal(table_[:, 2] - table_[:, 1], [len(rows_of[k]) - 1 for k in with_transitions])
     # The unfinished built keys keep their last row; keys not built keep all of theirs.
     kept = len(built) - len(ends_done) + sum(len(rows_of[k]) for k in rows_of if k not in built)
-    assert store.rows.size == kept < stored_before
+    assert store.size == kept < stored_before
 
 
 def test_a_build_with_no_selected_rows_keeps_everything() -> None:
     store, table, rows_of = _store(0)
-    size = store.rows.size
+    size = store.size
     batch, finished, segments = store.build(table.mask([]), table, unroll_id=1)
-    assert batch is None and not len(finished) and segments.shape == (0, 3)
-    assert store.rows.size == size
+    assert batch is None and not len(finished) and segments.table.shape == (0, 3)
+    assert store.size == size
 
 
-def test_batch_columns_are_views_into_one_block() -> None:
-    store, table, rows_of = _store(1)
-    batch, _, _ = store.build(table.mask(list(rows_of)), table, unroll_id=1)
-    numeric = [name for name, column in batch.items() if column.dtype != object]
-    block = batch["obs"].base
-    assert block is not None and all(batch[name].base is block for name in numeric)
-    assert all(batch[name].flags.c_contiguous and batch[name].flags.writeable for name in numeric)
-    assert batch["infos"].base is None  # object columns are arrays of their own
+def _lockstep_store(rounds: int, table: KeyTable, store: PolicyTrajectories, keys: list[int], start: int) -> None:
+    """``rounds`` rounds of every key's row, obs = round number (keys never done)."""
+    for round_index in range(start, start + rounds):
+        n = len(keys)
+        store.add({
+            "keys": np.array(keys), "t": table.take_t(np.array(keys)),
+            "obs": np.full((n, 4), round_index, np.float32), "rewards": np.ones(n, np.float32),
+            "terminateds": np.zeros(n, bool), "truncateds": np.zeros(n, bool),
+            "infos": np.fromiter([{}] * n, object, n),
+        }, n)
+
+
+def test_a_whole_build_hands_out_the_stored_rows_and_later_reuses_them() -> None:
+    """Every key built at once: the opening rows are the first ones stored, so the batch's
+    obs is a view of the store's array (no copy); once the batch is dropped, the next
+    fragment's rows go into that same memory."""
+    table, store = KeyTable(), PolicyTrajectories("p")
+    keys = [table.allocate(_episode(0), i, f"a{i}") for i in range(3)]
+    _lockstep_store(5, table, store, keys, 0)
+    stored_obs = store.rows.view()["obs"]
+    batch, _, _ = store.build(table.mask(keys), table, unroll_id=1)
+    assert np.shares_memory(batch["obs"], stored_obs) and len(batch) == 12
+    assert not np.shares_memory(batch["new_obs"], stored_obs)
+    np.testing.assert_array_equal(batch["obs"][:, 0], np.repeat([0, 1, 2, 3], 3))
+    np.testing.assert_array_equal(batch["new_obs"][:, 0], np.repeat([1, 2, 3, 4], 3))
+    first_address = batch["obs"].__array_interface__["data"][0]
+    del batch, stored_obs
+    _lockstep_store(4, table, store, keys, 5)
+    assert store.rows.view()["obs"].__array_interface__["data"][0] == first_address
+    second, _, _ = store.build(table.mask(keys), table, unroll_id=2)
+    # The kept last rows (round 4) open the second fragment's first transitions.
+    np.testing.assert_array_equal(second["obs"][:, 0], np.repeat([4, 5, 6, 7], 3))
+    np.testing.assert_array_equal(second["t"], np.repeat([4, 5, 6, 7], 3))
+    assert second["continues"].tolist() == [True] * 3 + [False] * 9
+
+
+def test_a_batch_still_held_is_never_written_over() -> None:
+    table, store = KeyTable(), PolicyTrajectories("p")
+    keys = [table.allocate(_episode(0), i, f"a{i}") for i in range(2)]
+    _lockstep_store(3, table, store, keys, 0)
+    first, _, _ = store.build(table.mask(keys), table, unroll_id=1)
+    kept = first["obs"].copy()
+    _lockstep_store(3, table, store, keys, 3)
+    second, _, _ = store.build(table.mask(keys), table, unroll_id=2)
+    np.testing.assert_array_equal(first["obs"], kept)
+    assert not np.shares_memory(first["obs"], second["obs"])
+
+
+def test_columns_left_out_are_not_built() -> None:
+    table = KeyTable()
+    store = PolicyTrajectories("p", exclude=frozenset({"new_obs", "infos"}))
+    keys = [table.allocate(_episode(0), i, f"a{i}") for i in range(2)]
+    _lockstep_store(3, table, store, keys, 0)
+    batch, _, _ = store.build(table.mask(keys), table, unroll_id=1)
+    assert "new_obs" not in batch and "infos" not in batch and len(batch) == 4
+    assert {"obs", "rewards", "t", "eps_id"} <= set(batch)
 
 
 def test_allocate_columns_keeps_order_aligns_and_leaves_object_columns_out() -> None:
@@ -170,10 +224,11 @@ def test_real_env_batches_pair_new_obs_with_the_next_obs() -> None:
                  policies={"shared": {"model": {"type": "mlp", "hidden": [8]}}}, seed=3)
     with EnvRunner(cfg) as runner:
         batch = runner.sample(num_env_steps=60).policy_batches["shared"]
-    same_trajectory = (batch["eps_id"][1:] == batch["eps_id"][:-1]) & (
-        batch["agent_index"][1:] == batch["agent_index"][:-1]
-    ) & (batch["unroll_id"][1:] == batch["unroll_id"][:-1])
-    assert same_trajectory.any()
-    np.testing.assert_array_equal(batch["new_obs"][:-1][same_trajectory], batch["obs"][1:][same_trajectory])
-    np.testing.assert_array_equal(batch["t"][1:][same_trajectory], batch["t"][:-1][same_trajectory] + 1)
+    paired = 0
+    for rows in trajectory_rows(batch).values():
+        same_unroll = batch["unroll_id"][rows][1:] == batch["unroll_id"][rows][:-1]
+        paired += int(same_unroll.sum())
+        np.testing.assert_array_equal(batch["new_obs"][rows][:-1][same_unroll], batch["obs"][rows][1:][same_unroll])
+        np.testing.assert_array_equal(batch["t"][rows][1:], batch["t"][rows][:-1] + 1)
+    assert paired > 0
     assert batch["agent_id"].tolist() == [f"player_{i}" for i in batch["agent_index"]]

@@ -20,14 +20,20 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from marl_runner.sampling.columns import ArrayPool
+
 # Column offsets in the block are multiples of a cache line (numpy's widest alignment is 16).
 _ALIGN = 64
 
 Layout = Mapping[str, tuple[np.dtype, tuple[int, ...]]]
 
 
-def allocate_columns(layout: Layout, num_rows: int) -> dict[str, np.ndarray | None]:
-    """Empty columns of ``num_rows`` rows, in ``layout``'s order (name -> dtype, row shape).
+def allocate_columns(
+    layout: Layout, num_rows: int, pool: ArrayPool | None = None
+) -> dict[str, np.ndarray | None]:
+    """Empty columns of ``num_rows`` rows, in ``layout``'s order (name -> dtype, row shape);
+    the block comes from ``pool`` (an earlier batch's, once that batch is dropped) where
+    it can.
 
     Columns whose dtype holds Python objects cannot live in a raw block: they
     are None here, for the caller to fill with their own arrays.
@@ -41,7 +47,11 @@ def allocate_columns(layout: Layout, num_rows: int) -> dict[str, np.ndarray | No
             size = num_rows * math.prod(shape) * dtype.itemsize
             spans[name] = (total, size)
             total += -(-size // _ALIGN) * _ALIGN
-    block = np.empty(total, np.uint8)
+    if pool is None:
+        block = np.empty(total, np.uint8)
+    else:
+        block = pool.take(np.dtype(np.uint8), (), total)
+        pool.give(block)
     columns: dict[str, np.ndarray | None] = {}
     for name, (dtype, shape) in layout.items():
         if name in spans:

@@ -15,9 +15,9 @@ import numpy as np
 
 from marl_runner.batch import MultiAgentBatch, SampleBatch
 from marl_runner.sampling.episode import MultiAgentEpisode
-from marl_runner.sampling.trajectories import KeyTable, PolicyTrajectories
+from marl_runner.sampling.trajectories import KeyTable, PolicyTrajectories, Segments
 
-Postprocess = Callable[[dict[str, tuple[SampleBatch, np.ndarray]]], dict[str, SampleBatch]]
+Postprocess = Callable[[dict[str, tuple[SampleBatch, Segments]]], dict[str, SampleBatch]]
 
 
 class FragmentBuilder:
@@ -31,7 +31,9 @@ class FragmentBuilder:
         truncate_episodes: bool,
         count_agent_steps: bool,
         key_table: KeyTable,
+        exclude_columns: frozenset[str] = frozenset(),
     ) -> None:
+        self._exclude = exclude_columns
         self._length = rollout_fragment_length
         self._truncate = truncate_episodes
         self._count_agent_steps = count_agent_steps
@@ -66,7 +68,7 @@ class FragmentBuilder:
         each row marked ``closing`` is an agent step of its sub-env (``env_ids``)."""
         store = self.stores.get(policy_id)
         if store is None:
-            store = self.stores[policy_id] = PolicyTrajectories(policy_id)
+            store = self.stores[policy_id] = PolicyTrajectories(policy_id, self._exclude)
         store.add(chunk, num_rows)
         if self._count_agent_steps:
             closing_env_ids = env_ids[closing]
@@ -166,7 +168,7 @@ class FragmentBuilder:
     def _build(self, key_mask: np.ndarray, env_steps: int, postprocess: Postprocess) -> MultiAgentBatch:
         """Transitions of the masked trajectories, post-processed, as one MultiAgentBatch."""
         self._unroll_id += 1
-        built: dict[str, tuple[SampleBatch, np.ndarray]] = {}
+        built: dict[str, tuple[SampleBatch, Segments]] = {}
         finished = []
         for policy_id, store in list(self.stores.items()):
             batch, done_keys, segments = store.build(key_mask, self._keys, self._unroll_id)

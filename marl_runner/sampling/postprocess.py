@@ -9,13 +9,13 @@ import numpy as np
 
 from marl_runner.batch import SampleBatch, concat_samples
 from marl_runner.policy import Policy
-from marl_runner.sampling.trajectories import KeyTable
+from marl_runner.sampling.trajectories import KeyTable, Segments
 
 TrajectoryHook = Callable[..., None]
 
 
 def postprocess_trajectories(
-    built: dict[str, tuple[SampleBatch, np.ndarray]],
+    built: dict[str, tuple[SampleBatch, Segments]],
     policies: Mapping[str, Policy],
     wanting_policies: frozenset[str],
     key_table: KeyTable,
@@ -23,23 +23,27 @@ def postprocess_trajectories(
 ) -> dict[str, SampleBatch]:
     """Splits each policy batch into agent trajectories only when someone looks at them.
 
-    ``built`` maps policy id to (batch, segments of (key, start, stop)). A
-    policy in ``wanting_policies`` gets each trajectory through its
+    ``built`` maps policy id to (batch, its ``Segments``). A policy in
+    ``wanting_policies`` gets each trajectory through its
     ``postprocess_trajectory``, with the other agents' trajectories of the
     same episode; ``on_trajectory`` (the ``on_postprocess_trajectory``
-    callback, when overridden) may edit the result in place.
+    callback, when overridden) may edit the result in place. Their batches
+    come out in key order, one trajectory after another.
     """
     result = {}
     by_episode = None
+    in_key_order: dict[str, SampleBatch] = {}
     for policy_id, (batch, segments) in built.items():
         wants_policy = policy_id in wanting_policies
         if not (on_trajectory or wants_policy):
             result[policy_id] = batch
             continue
         if by_episode is None:
-            by_episode = _trajectories_by_episode(built, key_table)
+            in_key_order = {pid: b.select(s.order) for pid, (b, s) in built.items()}
+            by_episode = _trajectories_by_episode(built, in_key_order, key_table)
+        batch = in_key_order[policy_id]
         pieces = []
-        for key, start, stop in segments.tolist():
+        for key, start, stop in segments.table.tolist():
             trajectory = batch.rows_slice(start, stop)
             episode = key_table.episode[key]
             agent_id = key_table.agent_id[key]
@@ -57,12 +61,15 @@ def postprocess_trajectories(
 
 
 def _trajectories_by_episode(
-    built: dict[str, tuple[SampleBatch, np.ndarray]], key_table: KeyTable
+    built: dict[str, tuple[SampleBatch, Segments]],
+    in_key_order: dict[str, SampleBatch],
+    key_table: KeyTable,
 ) -> dict[int, dict[Any, tuple]]:
     """``id(episode) -> agent_id -> (policy_id, policy batch slice)`` for other_agent_batches."""
     by_episode: dict[int, dict[Any, tuple]] = {}
-    for policy_id, (batch, segments) in built.items():
-        for key, start, stop in segments.tolist():
+    for policy_id, (_, segments) in built.items():
+        batch = in_key_order[policy_id]
+        for key, start, stop in segments.table.tolist():
             episode = key_table.episode[key]
             agent_id = key_table.agent_id[key]
             by_episode.setdefault(id(episode), {})[agent_id] = (policy_id, batch.rows_slice(start, stop))

@@ -9,13 +9,13 @@ construction and no observation is stored twice.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from marl_runner.batch import SampleBatch
 from marl_runner.sampling.column_block import allocate_columns, take_rows
-from marl_runner.sampling.columns import ColumnBuffer
+from marl_runner.sampling.columns import ArrayPool, ColumnBuffer
 from marl_runner.sampling.rewards import add_rewards_after_done
 
 # Columns read from the *closing* row of a transition; all others come from its opening row.
@@ -25,8 +25,11 @@ PAIRED_COLUMNS = {"obs": "new_obs", "env_state": "new_env_state"}
 KEY_COLUMN = "keys"
 # What a build with no transition returns: no finished keys, no segments (read-only, shared).
 _NO_KEYS = np.zeros(0, np.int64)
-_NO_SEGMENTS = np.zeros((0, 3), np.int64)
-_NO_KEYS.flags.writeable = _NO_SEGMENTS.flags.writeable = False
+_NO_TABLE = np.zeros((0, 3), np.int64)
+_NO_KEYS.flags.writeable = _NO_TABLE.flags.writeable = False
+#: The column that says whether a trajectory's first row in a batch continues an earlier
+#: fragment's transitions (True) or is where its agent's episode starts (False: t == 0).
+CONTINUES = "continues"
 
 
 class KeyTable:
@@ -38,7 +41,7 @@ class KeyTable:
 
     _ARRAYS = (
         "env_id", "eps_id", "agent_index", "next_t", "agent_id", "reward_total",
-        "episode_start_step",
+        "episode_start_step", "built",
     )  # fmt: skip
 
     def __init__(self, capacity: int = 256) -> None:
@@ -52,6 +55,8 @@ class KeyTable:
         self.reward_total = np.zeros(capacity, np.float64)
         # The episode's ``start_step``: a row's env_t is its sub-env's steps minus this.
         self.episode_start_step = np.zeros(capacity, np.int64)
+        # Whether a built batch already holds transitions of the key.
+        self.built = np.zeros(capacity, bool)
         self.episode: list[Any] = [None] * capacity
         self._free = list(range(capacity - 1, -1, -1))
 
@@ -72,6 +77,7 @@ class KeyTable:
         self.reward_total[key] = 0.0
         self.agent_id[key] = agent_id
         self.episode_start_step[key] = episode.start_step
+        self.built[key] = False
         self.episode[key] = episode
         return key
 
@@ -117,52 +123,95 @@ class KeyTable:
         self._free.extend(range(new - 1, old - 1, -1))
 
 
-class PolicyTrajectories:
-    """The stored rows of one policy, in growable column buffers (one row per obs event)."""
+class Segments(NamedTuple):
+    """Where each trajectory's transitions lie in a built batch, for per-trajectory passes:
+    ``order`` puts the batch's rows (round order) into key order, and each ``table`` row is
+    (key, start, stop) of one trajectory's run in that order."""
 
-    def __init__(self, policy_id: str) -> None:
+    order: np.ndarray
+    table: np.ndarray
+
+
+_NO_SEGMENTS = Segments(np.zeros(0, np.intp), _NO_TABLE)
+
+
+class PolicyTrajectories:
+    """The stored rows of one policy, in growable column buffers (one row per obs event).
+
+    Rows that end their trajectory (a done flag) go to ``finals``, all others to
+    ``rows``: every row of ``rows`` but each unfinished trajectory's last opens a
+    transition, so when every sub-env's fragment is built at once the opening rows are
+    the buffer's first rows and the batch reads them where they were stored.
+    """
+
+    def __init__(self, policy_id: str, exclude: frozenset[str] = frozenset()) -> None:
         self.policy_id = policy_id
         self.rows = ColumnBuffer()
+        self.finals = ColumnBuffer()
+        self.exclude = exclude
+        self._blocks = ArrayPool()
+
+    @property
+    def size(self) -> int:
+        """Rows held."""
+        return self.rows.size + self.finals.size
 
     def add(self, chunk: dict[str, Any], num_rows: int) -> None:
         """Stores one round's rows of this policy."""
-        self.rows.append(chunk, num_rows)
+        done = np.asarray(chunk["terminateds"]) | np.asarray(chunk["truncateds"])
+        if not done.any():
+            self.rows.append(chunk, num_rows)
+            return
+        for buffer, rows in ((self.rows, ~done), (self.finals, done)):
+            count = int(np.count_nonzero(rows))
+            if count:
+                buffer.append(
+                    {name: column[rows] if np.ndim(column) else column for name, column in chunk.items()},
+                    count,
+                )
 
     def extend(self, other: PolicyTrajectories) -> None:
         """Takes over another store's rows (a removed policy's, for its remapped agents)."""
-        if other.rows.size:
-            self.rows.append(other.rows.view(), other.rows.size)
-        other.rows.clear()
+        for mine, theirs in ((self.rows, other.rows), (self.finals, other.finals)):
+            if theirs.size:
+                mine.append(theirs.view(), theirs.size)
+            theirs.clear()
 
     def drop_keys(self, key_mask: np.ndarray) -> None:
         """Discards every row of the masked keys (a faulty episode's data)."""
-        if self.rows.size:
-            self.rows.keep(np.flatnonzero(~key_mask[self.rows.view()[KEY_COLUMN]]))
+        for buffer in (self.rows, self.finals):
+            if buffer.size:
+                buffer.keep(np.flatnonzero(~key_mask[buffer.view()[KEY_COLUMN]]))
 
     def build(
         self, key_mask: np.ndarray, keys: KeyTable, unroll_id: int
-    ) -> tuple[SampleBatch | None, np.ndarray, np.ndarray]:
-        """Turns the rows of the masked keys into transitions.
+    ) -> tuple[SampleBatch | None, np.ndarray, Segments]:
+        """Turns the rows of the masked keys into transitions, in the order their opening
+        rows were stored (time order within each trajectory).
 
         Returns the batch (None when no transition closed), the keys whose
-        trajectories finished (to release), and the start/stop row of each
-        key's transitions in the batch (as a ``[num_keys, 3]`` array of
-        key, start, stop) for per-trajectory post-processing.
+        trajectories finished (to release), and the ``Segments`` of each key's
+        transitions for per-trajectory post-processing.
         """
-        if not self.rows.size:
+        if not self.size:
             return None, _NO_KEYS, _NO_SEGMENTS
-        columns = self.rows.view()
-        row_keys = columns[KEY_COLUMN]
-        selected = key_mask[row_keys]
+        front, finals = self.rows.view(), self.finals.view()
+        num_front = self.rows.size
+        # Row indices below span both buffers: `rows` first, then `finals` (a trajectory's
+        # final row comes after all its others, so time order holds within each key).
+        all_keys = front[KEY_COLUMN]
+        if self.finals.size:
+            all_keys = np.concatenate([all_keys, finals[KEY_COLUMN]])
+        selected = key_mask[all_keys]
         if selected.all():
-            chosen, others = None, None
+            chosen = None
         elif not selected.any():
             return None, _NO_KEYS, _NO_SEGMENTS
         else:
-            chosen, others = np.flatnonzero(selected), np.flatnonzero(~selected)
-            row_keys = row_keys[chosen]
+            chosen = np.flatnonzero(selected)
 
-        # Rows by key, time order kept within a key; ``order`` indexes the buffer's rows.
+        # Rows by key, time order kept within a key; ``order`` indexes the stored rows.
+        row_keys = all_keys if chosen is None else all_keys[chosen]
         order = _stable_argsort(row_keys, keys.capacity)
         sorted_keys = row_keys[order]
         if chosen is not None:
@@ -171,87 +220,134 @@ class PolicyTrajectories:
         opens = sorted_keys[:-1] == sorted_keys[1:]
         group_ends = np.append(np.flatnonzero(~opens), len(order) - 1)
         last_rows = order[group_ends]
-        done = columns["terminateds"][last_rows] | columns["truncateds"][last_rows]
-        carry = last_rows[~done]
+        done = last_rows >= num_front
         finished = sorted_keys[group_ends[done]]
-        # The last row of each unfinished trajectory (and every row not built) stays.
-        keep = carry if others is None else np.sort(np.concatenate([carry, others]))
+        # Kept: the last row of each unfinished trajectory, and every row not built.
+        keep_front = last_rows[~done]
+        keep_finals = np.zeros(0, np.intp)
+        if chosen is not None:
+            unselected = np.flatnonzero(~selected)
+            keep_front = np.sort(np.concatenate([keep_front, unselected[unselected < num_front]]))
+            keep_finals = unselected[unselected >= num_front] - num_front
         if not opens.any():
-            self.rows.keep(keep)
+            self._keep(keep_front, keep_finals, hand_off=False)
             return None, finished, _NO_SEGMENTS
 
-        # Per trajectory with transitions (a segment of the batch): key, length, last row.
-        group_sizes = np.diff(group_ends, prepend=-1)
-        with_transitions = group_sizes > 1
-        segment_keys = sorted_keys[group_ends[with_transitions]]
-        runs = group_sizes[with_transitions] - 1
-        segment_ends = np.cumsum(runs) - 1
         opening = order[:-1][opens]
         closing = order[1:][opens]
-        agent_ids = keys.agent_id[segment_keys].astype(str)  # str() once per trajectory
-        batch = SampleBatch(
-            allocate_columns(_batch_layout(columns, agent_ids.dtype), len(opening))
+        by_row = np.argsort(opening)
+        opening, closing = opening[by_row], closing[by_row]
+        num_rows = len(opening)
+        # The usual case: the opening rows are the first ones stored; the batch takes them
+        # where they lie.
+        in_place = bool(opening[-1] == num_rows - 1)
+        batch_keys = all_keys[opening]
+        batch = self._transitions(front, finals, opening, closing, in_place, keys.capacity)
+        self._keep(keep_front, keep_finals, hand_off=in_place)
+
+        # Per-trajectory values, row by row from the key table.
+        first_keys, first_rows, key_of_row = np.unique(
+            batch_keys, return_index=True, return_inverse=True
         )
-        for name, column in columns.items():
-            if name == KEY_COLUMN:
+        batch["eps_id"] = keys.eps_id[batch_keys]
+        batch["env_id"] = keys.env_id[batch_keys]
+        batch["agent_index"] = keys.agent_index[batch_keys]
+        if "agent_id" not in self.exclude:
+            batch["agent_id"] = keys.agent_id[first_keys].astype(str)[key_of_row]  # str() per key
+        if "unroll_id" not in self.exclude:
+            batch["unroll_id"] = np.full(num_rows, unroll_id, np.int64)
+        # A trajectory's first row here continues an earlier fragment's transitions, or not.
+        continues = np.zeros(num_rows, bool)
+        continues[first_rows] = keys.built[first_keys]
+        batch[CONTINUES] = continues
+        keys.built[first_keys] = True
+        if "state_in_0" in batch:
+            batch["seq_lens"] = np.ones(num_rows, np.int32)
+        final_rows = np.flatnonzero(closing >= num_front)
+        _add_rewards_after_done(batch, final_rows, batch_keys[final_rows], keys)
+        return batch, finished, _segments(batch_keys, keys.capacity)
+
+    def _transitions(
+        self,
+        front: dict[str, np.ndarray],
+        finals: dict[str, np.ndarray],
+        opening: np.ndarray,
+        closing: np.ndarray,
+        in_place: bool,
+        num_keys: int,
+    ) -> SampleBatch:
+        """The stored columns of the transitions: each from its opening row (views of the
+        stored rows when ``in_place``), or its closing row (``CLOSING_COLUMNS``, and the
+        paired ``new_`` columns)."""
+        num_front = len(front[KEY_COLUMN])
+        exclude = self.exclude
+        gathered = {}
+        for name, column in front.items():
+            if name == KEY_COLUMN or name in exclude:
                 continue
-            rows = closing if name in CLOSING_COLUMNS else opening
-            batch[name] = opened = take_rows(column, rows, batch[name])
-            if name in PAIRED_COLUMNS:
-                twin = PAIRED_COLUMNS[name]
-                batch[twin] = _closing_of_pairs(batch[twin], opened, column, closing, segment_ends)
-        self.rows.keep(keep)
-
-        # Per-trajectory values: one per segment, spread over its rows.
-        segment_of_row = np.repeat(np.arange(len(runs)), runs)
-        take_rows(keys.eps_id[segment_keys], segment_of_row, batch["eps_id"])
-        take_rows(keys.env_id[segment_keys], segment_of_row, batch["env_id"])
-        take_rows(keys.agent_index[segment_keys], segment_of_row, batch["agent_index"])
-        take_rows(agent_ids, segment_of_row, batch["agent_id"])
-        batch["unroll_id"].fill(unroll_id)
-        if "seq_lens" in batch:
-            batch["seq_lens"].fill(1)
-        closes_trajectory = done[with_transitions]
-        _add_rewards_after_done(
-            batch, segment_ends[closes_trajectory], segment_keys[closes_trajectory], keys
+            if name in CLOSING_COLUMNS:
+                gathered[name] = (column, finals.get(name))
+            twin = PAIRED_COLUMNS.get(name)
+            if twin is not None and twin not in exclude:
+                gathered[twin] = (column, finals.get(name))
+        out = allocate_columns(
+            {
+                name: (column.dtype, column.shape[1:])
+                for name, (column, _) in gathered.items()
+            },
+            len(opening),
+            self._blocks,
         )
-        segments = np.stack([segment_keys, segment_ends + 1 - runs, segment_ends + 1], axis=1)
-        return batch, finished, segments
+        batch = SampleBatch()
+        for name, column in front.items():
+            if name == KEY_COLUMN or name in exclude:
+                continue
+            if name in CLOSING_COLUMNS:
+                batch[name] = _gather(column, finals.get(name), closing, num_front, out[name])
+            elif in_place:
+                batch[name] = column[: len(opening)]
+            else:
+                batch[name] = take_rows(column, opening, None)
+            twin = PAIRED_COLUMNS.get(name)
+            if twin in gathered:
+                batch[twin] = _gather(column, finals.get(name), closing, num_front, out[twin])
+        return batch
+
+    def _keep(self, keep_front: np.ndarray, keep_finals: np.ndarray, *, hand_off: bool) -> None:
+        if hand_off:
+            self.rows.hand_off(keep_front)
+        else:
+            self.rows.keep(keep_front)
+        self.finals.keep(keep_finals)
 
 
-def _batch_layout(columns: dict[str, np.ndarray], agent_id_dtype: np.dtype) -> dict:
-    """Each batch column's dtype and row shape, in the batch's column order: the stored
-    columns (a paired one followed by its closing twin), then the per-trajectory ones."""
-    layout = {}
-    for name, column in columns.items():
-        if name != KEY_COLUMN:
-            layout[name] = (column.dtype, column.shape[1:])
-            if name in PAIRED_COLUMNS:
-                layout[PAIRED_COLUMNS[name]] = layout[name]
-    int64 = np.dtype(np.int64)
-    layout.update(eps_id=(int64, ()), env_id=(int64, ()), agent_index=(int64, ()))
-    layout.update(agent_id=(agent_id_dtype, ()), unroll_id=(int64, ()))
-    if "state_in_0" in columns:
-        layout["seq_lens"] = (np.dtype(np.int32), ())
-    return layout
-
-
-def _closing_of_pairs(
-    out: np.ndarray | None,
-    opened: np.ndarray,
+def _gather(
     column: np.ndarray,
-    closing: np.ndarray,
-    segment_ends: np.ndarray,
+    final_column: np.ndarray | None,
+    rows: np.ndarray,
+    num_front: int,
+    out: np.ndarray | None,
 ) -> np.ndarray:
-    """The closing rows' values of a paired column (``new_obs``), written into ``out`` (a new
-    array when None): within a trajectory a transition closes on the row the next one opens
-    on, so all but each trajectory's last come from ``opened`` shifted by one (a contiguous
-    copy), the last ones from ``column``."""
-    if out is None:
-        out = np.empty_like(opened)
-    out[:-1] = opened[1:]
-    out[segment_ends] = np.take(column, closing[segment_ends], axis=0)
+    """``rows`` of the stored rows, ``column`` for those below ``num_front`` (there is at
+    least one) and ``final_column`` (the final rows' column; zero where they lack it) for
+    the others, into ``out`` (a new array when None)."""
+    out = take_rows(column, np.minimum(rows, num_front - 1), out)
+    in_finals = rows >= num_front
+    if in_finals.any():
+        if final_column is None:
+            out[in_finals] = 0
+        else:
+            out[in_finals] = final_column[rows[in_finals] - num_front]
     return out
+
+
+def _segments(batch_keys: np.ndarray, num_keys: int) -> Segments:
+    """Each key's run of rows once the batch is put in key order (stable: time order)."""
+    order = _stable_argsort(batch_keys, num_keys)
+    sorted_keys = batch_keys[order]
+    starts = np.flatnonzero(np.append(True, sorted_keys[1:] != sorted_keys[:-1]))
+    stops = np.append(starts[1:], len(order))
+    return Segments(order, np.stack([sorted_keys[starts], starts, stops], axis=1))
 
 
 def _stable_argsort(keys: np.ndarray, num_keys: int) -> np.ndarray:
