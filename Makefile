@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 CONFIG ?= examples/configs/kaz.yaml
 STEPS ?= 20000
 
-.PHONY: run test test-fast lint docs bench venv clean
+.PHONY: run test test-all lint docs bench venv clean
 
 # pip's output goes to $(INSTALL_LOG) and is shown only when an install fails, so a
 # first `make run` prints the run, not setuptools' editable-install banner.
@@ -26,11 +26,13 @@ venv: $(STAMP)
 run: $(STAMP)
 	$(BIN)/marl-runner sample $(CONFIG) --steps $(STEPS)
 
+# The default suite (a few minutes); `test-all` adds the slow tests: soaks, Ray cluster
+# start-ups and long runs. CI runs both.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
-
-test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"
+
+test-all: $(STAMP)
+	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -1,4 +1,4 @@
-"""Shared fixtures: one local Ray for every Ray test of the session."""
+"""Shared fixtures: one local Ray for every Ray test of the session, which runs in the slow suite."""
 
 from __future__ import annotations
 
@@ -24,3 +24,11 @@ def ray_local() -> Iterator[Any]:
     yield ray
     if started:
         ray.shutdown()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that starts a Ray cluster is slow: it runs in `make test-all`, not `make test`."""
+    for item in items:
+        if "ray_local" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.ray)
+            item.add_marker(pytest.mark.slow)
