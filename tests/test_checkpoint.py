@@ -127,7 +127,9 @@ def test_ready_made_policies_and_mapping_fn_are_passed_again(tmp_path):
         runner.sample()
         save_checkpoint(runner, path)
         with pytest.raises(ValueError, match="policy_mapping_fn"):
-            restore_checkpoint(path)  # the callable is not in the config
+            restore_checkpoint(path, policies={"archer": ready_archer()})  # nor the mapping
+        with pytest.raises(CheckpointError, match=r"'archer' \(\{'type': 'mlp'\}\)"):
+            restore_checkpoint(path)  # the config's archer model is not the one saved
         fresh_archer = ready_archer()
         with restore_checkpoint(
             path, policies={"archer": fresh_archer}, policy_mapping_fn=mapping

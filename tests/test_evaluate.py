@@ -151,6 +151,8 @@ def test_import_paths_from_the_file_need_trusted_or_allow(tmp_path, capsys):
     assert evaluate_cli([str(checkpoint), "--episodes", "2"]) == 2
     err = capsys.readouterr().err
     assert "config.policy_mapping_fn" in err and "--trusted" in err and mapping in err
+    # The CLI names its flags, not the Python arguments (allow=[...], trusted=True).
+    assert f"--allow {mapping}" in err and "allow=[" not in err and "trusted=True" not in err
     assert evaluate_cli([str(checkpoint), "--episodes", "2", "--trusted"]) == 0
     assert evaluate_cli([str(checkpoint), "--episodes", "2", "--allow", mapping]) == 0
     capsys.readouterr()

@@ -42,8 +42,10 @@ from marl_runner.checkpoint.file_format import (
     decode_checkpoint,
     encode_checkpoint,
 )
+from marl_runner.checkpoint.model_shapes import check_model_shapes
 from marl_runner.checkpoint.trust import ImportRef, chain_imports, config_imports
 from marl_runner.config import RunnerConfig
+from marl_runner.io.safe_files import FileRefused, memory_limit_bytes, read_regular_file
 
 if TYPE_CHECKING:  # the runner imports torch: only when a checkpoint is restored
     from marl_runner.sampling.runner import EnvRunner
@@ -52,12 +54,14 @@ __all__ = [
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "CheckpointError",
+    "ImportRefused",
     "checkpoint_config",
     "load_checkpoint",
     "restore_checkpoint",
     "save_checkpoint",
     "write_checkpoint",
 ]
+
 
 def save_checkpoint(runner: EnvRunner, path: str | os.PathLike[str]) -> Path:
     """Writes ``runner``'s config, weights and connector state to ``path`` atomically.
@@ -106,13 +110,25 @@ def write_checkpoint(payload: dict[str, Any], path: str | os.PathLike[str]) -> P
 
 def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The checkpoint's dict (``format``, ``version``, ``config``, ``policies``), every
-    field checked (see ``marl_runner.checkpoint.file_format``). Never runs code from the file."""
+    field checked (see ``marl_runner.checkpoint.file_format``). Never runs code from the file.
+
+    Only a regular file is read (a symlink to one is followed; a FIFO or a device is
+    refused without blocking), and only when its size is at most ``max_checkpoint_bytes``.
+    """
     path = Path(path)
     try:
-        data = path.read_bytes()
+        data = read_regular_file(path, max_bytes=max_checkpoint_bytes())
+    except FileRefused as err:
+        raise CheckpointError(f"cannot read checkpoint {path}: it {err}") from None
     except OSError as err:
         raise CheckpointError(f"cannot read checkpoint {path}: {err.strerror or err}") from None
     return decode_checkpoint(data, path)
+
+
+def max_checkpoint_bytes() -> int:
+    """The largest checkpoint ``load_checkpoint`` reads: half the memory this process may
+    use (``memory_limit_bytes``), since decoding holds the file and its arrays at once."""
+    return memory_limit_bytes() // 2
 
 
 def restore_checkpoint(
@@ -149,13 +165,24 @@ def restore_checkpoint(
     ``policy_mapping_fn``, ``callbacks``), for what the config cannot hold.
     ``runner_cls`` builds a subclass instead.
 
+    Before anything is built, each policy's weights are checked against the model
+    its config asks for (``check_model_shapes``: built-in model types, compared
+    on torch's meta device), so a file whose config asks for a huge model fails
+    without allocating it.
+
     Raises:
         CheckpointError: unreadable, corrupt (checksum) or malformed file,
             unknown format or version, an import path from the file that was
-            not opted into, or a checkpointed policy the restored runner does
-            not have.
+            not opted into, weights that do not fit the config's model, or a
+            checkpointed policy the restored runner does not have.
     """
     payload, runner_config = _load_checked(path, config, trusted, allow, overrides)
+    ready_made = set(runner_kwargs.get("policies") or ())
+    check_model_shapes(
+        {pid: state for pid, state in payload["policies"].items() if pid not in ready_made},
+        runner_config,
+        path,
+    )
     if runner_cls is None:
         from marl_runner.sampling.runner import EnvRunner
 
@@ -230,23 +257,45 @@ def _refuse_file_imports(
             except ValueError as err:
                 raise CheckpointError(f"{path}: checkpoint field {err}") from None
     refused = [(key, value) for key, value in refs if value not in allowed]
-    if not refused:
-        return
-    key, value = refused[0]
-    also = "".join(f"; also {k} = {v!r}" for k, v in refused[1:])
-    paths = ", ".join(repr(v) for v in dict.fromkeys(v for _, v in refused))
-    raise CheckpointError(
-        f"{path}: checkpoint field {key} names the import path {value!r}{also}. Restoring "
-        "never imports names that come from the file, because importing and calling them "
-        "runs code. If you trust this file, pass trusted=True (marl-runner evaluate "
-        f"--trusted), or allow=[{paths}], "
-        "or your own config= (then only weights and connector state come from the file)"
-    )
+    if refused:
+        raise ImportRefused(path, refused)
 
 
-def _apply_state(
-    runner: EnvRunner, policies: dict[str, Any], path: str | os.PathLike[str]
-) -> None:
+class ImportRefused(CheckpointError):
+    """Import paths named by a checkpoint that the caller did not opt into.
+
+    ``str()`` words the way out in Python (``trusted=True``, ``allow=[...]``);
+    ``cli_message()`` in ``marl-runner evaluate`` flags (``--trusted``, ``--allow``).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], refused: list[ImportRef]) -> None:
+        self.path, self.refused = path, refused
+        self.paths = list(dict.fromkeys(value for _, value in refused))
+        listed = ", ".join(repr(v) for v in self.paths)
+        super().__init__(
+            f"{self._what()} If you trust this file, pass trusted=True, or allow=[{listed}], "
+            "or your own config= (then only weights and connector state come from the file)"
+        )
+
+    def cli_message(self) -> str:
+        """The same refusal, naming the command-line flags instead of Python arguments."""
+        allows = " ".join(f"--allow {value}" for value in self.paths)
+        return (
+            f"{self._what()} If you trust this file, pass --trusted, or {allows}, or replace "
+            "the entry with --set KEY=VALUE"
+        )
+
+    def _what(self) -> str:
+        key, value = self.refused[0]
+        also = "".join(f"; also {k} = {v!r}" for k, v in self.refused[1:])
+        return (
+            f"{self.path}: checkpoint field {key} names the import path {value!r}{also}. "
+            "Restoring never imports names that come from the file, because importing and "
+            "calling them runs code."
+        )
+
+
+def _apply_state(runner: EnvRunner, policies: dict[str, Any], path: str | os.PathLike[str]) -> None:
     """Sets each checkpointed policy's state on ``runner``; any mismatch is a CheckpointError."""
     policy_map = runner.policy_map
     missing = sorted(set(policies) - set(policy_map))

@@ -31,16 +31,48 @@ from connectors.imports import import_object
 from marl_runner.callbacks import Callbacks
 from marl_runner.config import RunnerConfig
 from marl_runner.envs.errors import EnvError
+from marl_runner.io.batch_checks import shortened
 from marl_runner.metrics import RolloutMetrics
 
-__all__ = ["EpisodeResult", "Evaluation", "EvaluationError", "evaluate_checkpoint"]
+__all__ = [
+    "DEFAULT_MAX_EPISODE_STEPS",
+    "EpisodeResult",
+    "EpisodeTooLong",
+    "Evaluation",
+    "EvaluationError",
+    "evaluate_checkpoint",
+]
 
 #: At most this many frames go into a GIF (a KAZ frame is 2.7 MB before quantising).
 DEFAULT_MAX_FRAMES = 500
+#: Env steps an evaluated episode may run: the file's env config sets episode lengths
+#: (``max_cycles: 1e9`` would never end). Atari's longest, 108,000 frames at frameskip 4,
+#: is 27,000 steps.
+DEFAULT_MAX_EPISODE_STEPS = 100_000
 
 
 class EvaluationError(Exception):
     """A checkpoint that cannot be evaluated as asked (e.g. ``render`` on an env that cannot)."""
+
+
+class EpisodeTooLong(EvaluationError):
+    """An episode did not end within ``max_episode_steps`` env steps; evaluation stopped."""
+
+    def __init__(self, path: Any, limit: int, env: Any) -> None:
+        self.path, self.limit, self.env = path, limit, env
+        super().__init__(self._message("max_episode_steps=", "max_episode_steps"))
+
+    def cli_message(self) -> str:
+        """The same, naming the command-line flags."""
+        return self._message("--max-episode-steps ", "--max-episode-steps")
+
+    def _message(self, given: str, raise_it: str) -> str:
+        return (
+            f"{self.path}: an episode did not end within {self.limit:,} env steps "
+            f"({given}{self.limit}); the checkpoint's env config decides how long episodes are: "
+            f"{shortened(self.env)}. Raise {raise_it}, or shorten episodes with an override "
+            "of env.config"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +136,7 @@ def evaluate_checkpoint(
     render_to: str | os.PathLike[str] | None = None,
     fps: float = 10.0,
     max_frames: int = DEFAULT_MAX_FRAMES,
+    max_episode_steps: int = DEFAULT_MAX_EPISODE_STEPS,
 ) -> Evaluation:
     """Runs ``episodes`` whole episodes with the checkpoint's policies and records them.
 
@@ -111,6 +144,8 @@ def evaluate_checkpoint(
     likely action (``explore: false``); ``overrides`` are ``--set`` style
     config overrides. ``render_to`` writes the first episode of sub-env 0 as
     an animated GIF (``fps`` frames per second, at most ``max_frames``).
+    An episode that does not end within ``max_episode_steps`` env steps stops the
+    evaluation (``EpisodeTooLong``): episode lengths come from the file's env config.
 
     Raises:
         CheckpointError: the file is unreadable, or names import paths not opted into.
@@ -123,6 +158,14 @@ def evaluate_checkpoint(
         raise EvaluationError(f"episodes: got {episodes!r}, expected an integer >= 1")
     if not (isinstance(fps, int | float) and math.isfinite(fps) and fps > 0):
         raise EvaluationError(f"fps: got {fps!r}, expected a number > 0")
+    if (
+        isinstance(max_episode_steps, bool)
+        or not isinstance(max_episode_steps, int)
+        or (max_episode_steps < 1)
+    ):
+        raise EvaluationError(
+            f"max_episode_steps: got {max_episode_steps!r}, expected an integer >= 1"
+        )
     allow = list(allow)
     ours = [f"seed={seed}"] if seed is not None else []
     ours += ["explore=false"] if deterministic else []
@@ -138,7 +181,9 @@ def evaluate_checkpoint(
             f"{path}: the checkpoint's config serves external simulators (vectorize: external), "
             "so there is no env to step; give one with --set vectorize=sync --set env.name=..."
         )
-    recorder = _recorder_class(config)(max_frames if render_to is not None else 0)
+    recorder = _recorder_class(config)(
+        max_frames if render_to is not None else 0, max_episode_steps
+    )
     try:
         runner = restore_checkpoint(
             path, config=config, trusted=trusted, allow=allow, callbacks=recorder
@@ -154,7 +199,10 @@ def evaluate_checkpoint(
         for entry in runner.policy_map.entries.values():  # no learning: filters stay frozen
             entry.agent_pipeline.in_eval()
             entry.action_pipeline.in_eval()
-        runner.sample(num_episodes=episodes)
+        try:
+            runner.sample(num_episodes=episodes)
+        except _EpisodeTooLong:
+            raise EpisodeTooLong(path, max_episode_steps, config.env) from None
     if recorder.render_error is not None:
         raise EvaluationError(recorder.render_error)
     if render_to is not None:
@@ -169,11 +217,17 @@ def evaluate_checkpoint(
     )
 
 
-class _Recorder:
-    """Callbacks mixin: a result per finished episode, and the first episode's frames."""
+class _EpisodeTooLong(Exception):
+    """Raised from the recorder's step hook; ends ``sample()`` and becomes ``EpisodeTooLong``."""
 
-    def __init__(self, max_frames: int) -> None:
+
+class _Recorder:
+    """Callbacks mixin: a result per finished episode, the first episode's frames, and the
+    episode step cap."""
+
+    def __init__(self, max_frames: int, max_episode_steps: int) -> None:
         super().__init__()
+        self.max_episode_steps = max_episode_steps
         self.results: list[EpisodeResult] = []
         self.faulty = 0
         self.frames: list[Any] = []
@@ -189,6 +243,8 @@ class _Recorder:
 
     def on_episode_step(self, **kwargs: Any) -> None:
         super().on_episode_step(**kwargs)  # type: ignore[misc]
+        if kwargs["episode"].length > self.max_episode_steps:
+            raise _EpisodeTooLong
         if kwargs["episode"] is self._rendered_episode and len(self.frames) < self.max_frames:
             self._grab(kwargs["base_env"])
 
@@ -218,8 +274,10 @@ class _Recorder:
             and frame.ndim == 3
             and frame.shape[2] in (3, 4)
         ):
-            kind = f"an array {frame.dtype} {frame.shape}" if isinstance(frame, np.ndarray) else (
-                f"{type(frame).__name__} {frame!r:.60}"
+            kind = (
+                f"an array {frame.dtype} {frame.shape}"
+                if isinstance(frame, np.ndarray)
+                else (f"{type(frame).__name__} {frame!r:.60}")
             )
             self.render_error = (
                 f"--render: the env's render() returned {kind}; expected an rgb_array frame "

@@ -313,9 +313,7 @@ def _array_entry(
     return dtype, tuple(shape), offset, nbytes
 
 
-def _decode_policies(
-    tree: dict[str, Any], arrays: list[np.ndarray], path: Path
-) -> dict[str, Any]:
+def _decode_policies(tree: dict[str, Any], arrays: list[np.ndarray], path: Path) -> dict[str, Any]:
     """The header's ``policies`` with tags resolved, each array referenced exactly once.
 
     Once, so that no two state entries alias one array and no array is

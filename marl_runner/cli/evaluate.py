@@ -25,7 +25,9 @@ from rich.text import Text
 
 from connectors.imports import ImportPathError
 from marl_runner.checkpoint.evaluation import (
+    DEFAULT_MAX_EPISODE_STEPS,
     DEFAULT_MAX_FRAMES,
+    EpisodeTooLong,
     EvaluationError,
     evaluate_checkpoint,
 )
@@ -62,23 +64,41 @@ def add_evaluate_parser(commands: Any) -> None:
     )
     evaluate.add_argument("checkpoint", type=Path, help="checkpoint file to evaluate")
     evaluate.add_argument(
-        "--episodes", type=positive_int, default=10, metavar="N",
+        "--episodes",
+        type=positive_int,
+        default=10,
+        metavar="N",
         help="complete episodes to run (default: 10)",
     )
     evaluate.add_argument(
-        "--seed", type=int, default=None,
+        "--seed",
+        type=int,
+        default=None,
         help="seed for the envs and the action sampling (default: the checkpoint config's)",
     )
     evaluate.add_argument(
-        "--deterministic", action="store_true",
+        "--max-episode-steps",
+        type=positive_int,
+        default=DEFAULT_MAX_EPISODE_STEPS,
+        metavar="N",
+        help="stop with an error when an episode runs N env steps without ending: the "
+        f"checkpoint's env config decides episode lengths (default: {DEFAULT_MAX_EPISODE_STEPS:,})",
+    )
+    evaluate.add_argument(
+        "--deterministic",
+        action="store_true",
         help="take each policy's most likely action instead of sampling (explore: false)",
     )
     evaluate.add_argument(
-        "--out", type=Path, metavar="FILE",
+        "--out",
+        type=Path,
+        metavar="FILE",
         help="also write the results as JSON to FILE (parent directories are made)",
     )
     evaluate.add_argument(
-        "--render", type=Path, metavar="GIF",
+        "--render",
+        type=Path,
+        metavar="GIF",
         help="render the first episode (render_mode='rgb_array') and save it as an animated "
         f"GIF at this path, at most {DEFAULT_MAX_FRAMES} frames; needs Pillow and an env "
         "that renders rgb arrays",
@@ -87,27 +107,36 @@ def add_evaluate_parser(commands: Any) -> None:
         "--fps", type=float, default=10.0, help="with --render: GIF frames per second (default: 10)"
     )
     evaluate.add_argument(
-        "--trusted", action="store_true",
+        "--trusted",
+        action="store_true",
         help="trust the file: import whatever code its config and connector state name",
     )
     evaluate.add_argument(
-        "--allow", action="append", default=[], metavar="MODULE:NAME",
+        "--allow",
+        action="append",
+        default=[],
+        metavar="MODULE:NAME",
         help="import this path named by the file (repeatable); others are still refused",
     )
     evaluate.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="override an entry of the checkpoint's config, as for sample, e.g. --set "
         "num_envs=4 --set env.config.max_cycles=100 (repeatable)",
     )
     evaluate.add_argument(
-        "--traceback", action="store_true",
+        "--traceback",
+        action="store_true",
         help="on error, also print the full Python traceback (default: a one-line message)",
     )
 
 
 def run_evaluate(args: argparse.Namespace) -> int:
     """Evaluates ``args.checkpoint``, prints the table, writes ``--out``; returns the exit code."""
-    from marl_runner.checkpoint import CheckpointError  # imports torch, as the runner does
+    from marl_runner.checkpoint import CheckpointError, ImportRefused  # imports torch
 
     # A file, config or env that cannot be used is exit 2; a failure while stepping is exit 1.
     try:
@@ -121,7 +150,12 @@ def run_evaluate(args: argparse.Namespace) -> int:
             allow=args.allow,
             render_to=args.render,
             fps=args.fps,
+            max_episode_steps=args.max_episode_steps,
         )
+    except ImportRefused as exc:  # worded in flags, not in Python arguments
+        raise CommandError(exc.cli_message(), EXIT_BAD_CONFIG) from exc
+    except EpisodeTooLong as exc:
+        raise CommandError(exc.cli_message(), EXIT_BAD_CONFIG) from exc
     except (CheckpointError, ConfigError, EvaluationError, ImportPathError) as exc:
         raise CommandError(str(exc), EXIT_BAD_CONFIG) from exc
     except KeyboardInterrupt:

@@ -1,0 +1,185 @@
+"""Hostile checkpoints: only regular files are read, the config's model is checked against the
+file's weights before anything is built, and evaluation stops episodes that do not end.
+
+A checksum only catches accidents: anyone can write a valid file. Each file
+here is valid as far as the format goes and was built to make ``evaluate``
+take gigabytes, block forever or run without end.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from helpers_bounded import run_capped
+
+from marl_runner import EnvRunner, RunnerConfig, save_checkpoint
+from marl_runner.checkpoint import CheckpointError, load_checkpoint, write_checkpoint
+from marl_runner.checkpoint.evaluation import (
+    DEFAULT_MAX_EPISODE_STEPS,
+    EvaluationError,
+    evaluate_checkpoint,
+)
+from marl_runner.envs import MultiAgentEnv, register_env
+
+TICTACTOE = "pettingzoo.classic.tictactoe_v3:env"
+
+
+class CountingEnv(MultiAgentEnv):
+    """Two agents, one float obs (the step count), episodes of ``episode_len`` steps; nothing
+    is allocated per step, so a file may ask for any length."""
+
+    possible_agents = ["a", "b"]
+
+    def __init__(self, episode_len: int) -> None:
+        self.episode_len, self.steps = episode_len, 0
+        space = gym.spaces.Box(0.0, np.inf, (1,), np.float32)
+        self.observation_spaces = dict.fromkeys(self.possible_agents, space)
+        self.action_spaces = dict.fromkeys(self.possible_agents, gym.spaces.Discrete(2))
+
+    def _obs(self) -> dict[str, np.ndarray]:
+        return dict.fromkeys(self.possible_agents, np.array([self.steps], np.float32))
+
+    def reset(self, seed=None, options=None):
+        self.steps = 0
+        return self._obs(), {agent: {} for agent in self.possible_agents}
+
+    def step(self, actions):
+        self.steps += 1
+        done = self.steps >= self.episode_len
+        flags = {**dict.fromkeys(self.possible_agents, done), "__all__": done}
+        rewards = dict.fromkeys(self.possible_agents, 1.0)
+        infos = {agent: {} for agent in self.possible_agents}
+        return self._obs(), rewards, flags, dict.fromkeys(flags, False), infos
+
+
+register_env("bounded-counting", lambda cfg: CountingEnv(**cfg))
+
+
+def saved(path: Path, data: dict[str, Any]) -> Path:
+    with EnvRunner(RunnerConfig.from_dict(data)) as runner:
+        return save_checkpoint(runner, path)
+
+
+def rewritten(source: Path, target: Path, change) -> Path:
+    """A copy of a checkpoint with its payload changed and a valid checksum."""
+    payload = copy.deepcopy(load_checkpoint(source))
+    change(payload)
+    return write_checkpoint(payload, target)
+
+
+@pytest.fixture(scope="module")
+def tictactoe(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("ckpt") / "ttt.ckpt"
+    return saved(path, {"env": TICTACTOE, "policies": {"shared": {"model": {"hidden": [8]}}}})
+
+
+def test_a_symlink_to_dev_zero_and_a_fifo_are_refused_without_reading(tmp_path):
+    """Case 6: /dev/zero was read until MemoryError, a FIFO blocked forever."""
+    zero = tmp_path / "zero.ckpt"
+    zero.symlink_to("/dev/zero")
+    fifo = tmp_path / "fifo.ckpt"
+    os.mkfifo(fifo)
+    result = run_capped(
+        f"""
+        from marl_runner.checkpoint import CheckpointError, load_checkpoint
+        for path in ({str(zero)!r}, {str(fifo)!r}):
+            try:
+                load_checkpoint(path)
+            except CheckpointError as exc:
+                print(exc)
+        """,
+        cap_mib=1024,
+        timeout_s=30,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    zero_line, fifo_line = result.stdout.splitlines()
+    assert str(zero) in zero_line and "not a regular file (a character device)" in zero_line
+    assert str(fifo) in fifo_line and "not a regular file (a FIFO)" in fifo_line
+    assert result.peak_rss_mib < 300
+
+
+def test_a_directory_is_refused(tmp_path):
+    with pytest.raises(CheckpointError, match="not a regular file"):
+        load_checkpoint(tmp_path)
+
+
+def test_a_model_larger_than_the_files_weights_is_refused_before_it_is_built(tictactoe, tmp_path):
+    """Case 5: hidden [20000, 20000] in the config took 8.1 GB before the weights were
+    checked against the model (two 20000x20000 float32 matrices, policy and value)."""
+
+    def huge(payload):
+        payload["config"]["policies"]["shared"]["model"]["hidden"] = [20000, 20000]
+
+    path = rewritten(tictactoe, tmp_path / "huge.ckpt", huge)
+    result = run_capped(
+        f"""
+        from marl_runner.cli.app import main
+        code = main(["evaluate", {str(path)!r}, "--episodes", "1"])
+        print("EXIT", code)
+        """,
+        cap_mib=3072,
+    )
+    assert result.stdout.splitlines()[-1] == "EXIT 2", result.stderr[-3000:]
+    assert str(path) in result.stderr and "policies.shared" in result.stderr
+    assert "[20000, 8]" in result.stderr or "[20000, 20000]" in result.stderr
+    assert result.peak_rss_mib < 1024
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        ({"type": "lstm"}, "model.encoder.0.weight"),  # another model type altogether
+        ({"type": "mlp", "hidden": [8], "vf_share_layers": True}, "model.value_trunk"),
+        ({"type": "mlp", "hidden": [9]}, "[9, ?]"),
+    ],
+)
+def test_weights_that_do_not_fit_the_configs_model_name_the_weight(
+    tictactoe, tmp_path, model, message
+):
+    def change(payload):
+        payload["config"]["policies"]["shared"]["model"] = model
+
+    path = rewritten(tictactoe, tmp_path / "other.ckpt", change)
+    with pytest.raises(CheckpointError) as info:
+        evaluate_checkpoint(path, episodes=1)
+    assert message in str(info.value) and "policies.shared.weights" in str(info.value)
+
+
+def test_weights_that_fit_restore_as_before(tictactoe):
+    result = evaluate_checkpoint(tictactoe, episodes=2, seed=1)
+    assert len(result.episodes) == 2
+
+
+def test_episodes_longer_than_max_episode_steps_stop_evaluation(tmp_path, capsys):
+    """Case 7: an env config from the file asking for 10**9-step episodes ran without end."""
+    data = {
+        "env": {"name": "bounded-counting", "config": {"episode_len": 10**9}},
+        "policies": {"shared": {"model": {"hidden": [4]}}},
+    }
+    path = saved(tmp_path / "long.ckpt", data)
+    with pytest.raises(
+        EvaluationError, match=r"did not end within 30 env steps.*max_episode_steps=30"
+    ):
+        evaluate_checkpoint(path, episodes=2, max_episode_steps=30)
+    from marl_runner.cli.app import main
+
+    assert main(["evaluate", str(path), "--episodes", "2", "--max-episode-steps", "30"]) == 2
+    err = capsys.readouterr().err
+    assert "--max-episode-steps 30" in err and "episode_len" in err
+    assert 1_000 <= DEFAULT_MAX_EPISODE_STEPS <= 1_000_000
+
+
+def test_episodes_within_the_cap_are_evaluated(tmp_path):
+    data = {
+        "env": {"name": "bounded-counting", "config": {"episode_len": 30}},
+        "policies": {"shared": {"model": {"hidden": [4]}}},
+    }
+    path = saved(tmp_path / "ok.ckpt", data)
+    result = evaluate_checkpoint(path, episodes=2, max_episode_steps=30)
+    assert [e.length for e in result.episodes] == [30, 30]
