@@ -19,6 +19,7 @@ import yaml
 from rich.console import Console
 
 import marl_runner
+import marl_runner.sampling.runner
 from marl_runner.batch import MultiAgentBatch, SampleBatch
 from marl_runner.cli import build_parser, main
 from marl_runner.cli.display import SampleCounts, make_progress, metrics_table
@@ -199,8 +200,10 @@ class FakeRunner:
 
 @pytest.fixture
 def fake_runner(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[FakeRunner]]:
-    """EnvRunnerGroup builds its runner as ``marl_runner.EnvRunner``: the fake goes
-    there, and monkeypatch puts the real one back after the test."""
+    """EnvRunnerGroup builds its runner from ``marl_runner.sampling.runner``: the fake goes
+    there (and to ``marl_runner.EnvRunner``), and monkeypatch puts the real one back after
+    the test."""
+    monkeypatch.setattr(marl_runner.sampling.runner, "EnvRunner", FakeRunner)
     monkeypatch.setattr(marl_runner, "EnvRunner", FakeRunner)
     FakeRunner.instances = []
     FakeRunner.script = [FakeSample(), FakeSample(episodes=1), FakeSample(faulty=1)]

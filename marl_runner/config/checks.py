@@ -17,6 +17,7 @@ from marl_runner.config.errors import (
     kind_of,
     quoted,
     reject_unknown_keys,
+    shortened,
 )
 from marl_runner.config.policy_checks import check_policies
 from marl_runner.config.schema import (
@@ -97,7 +98,7 @@ def check_fields(config: Any) -> None:
     ):
         raise ConfigError(
             "ray_address",
-            f"got {config.ray_address!r}, expected an address such as 'auto' or "
+            f"got {shortened(config.ray_address)}, expected an address such as 'auto' or "
             "'10.0.0.1:6379', or null",
         )
 
@@ -122,7 +123,7 @@ def check_env(env: Any) -> EnvSpec:
     elif not isinstance(name, str) or not name.strip():
         raise ConfigError(
             "env.name",
-            f"got {name!r}, expected a non-empty 'module:callable' or registered name (or, in a "
+            f"got {shortened(name)}, expected a non-empty 'module:callable' or registered name (or, in a "
             "Python config passed to RunnerConfig.from_dict or EnvRunner, the env class or "
             "function itself; YAML can only name it)",
         )
@@ -156,12 +157,12 @@ def _check_mapping_spec(
             if not isinstance(pattern, str) or not pattern:
                 raise ConfigError(
                     f"{key}.{pattern}",
-                    f"pattern {pattern!r} must be a non-empty string glob such as 'archer_*'",
+                    f"pattern {shortened(pattern)} must be a non-empty string glob such as 'archer_*'",
                 )
             if pid not in policies:
                 raise ConfigError(
                     f"{key}.{pattern}",
-                    f"maps to unknown policy id {pid!r}; expected one of "
+                    f"maps to unknown policy id {shortened(pid)}; expected one of "
                     f"{quoted(policies)}{did_you_mean(pid, policies)}",
                 )
             out[pattern] = pid

@@ -1,12 +1,13 @@
 """``ConfigError`` and the words every config message is made of.
 
-A config error names the dotted key, the value it got and what was expected;
-these helpers keep those words the same in every check.
+A config error names the dotted key, the value it got (shortened) and what was
+expected; these helpers keep those words the same in every check.
 """
 
 from __future__ import annotations
 
 import difflib
+import reprlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -19,7 +20,13 @@ __all__ = [
     "kind_of",
     "quoted",
     "reject_unknown_keys",
+    "shortened",
 ]
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 80
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = 6
+_REPR.maxlevel = 3
 
 
 class ConfigError(ValueError):
@@ -51,9 +58,15 @@ def quoted(names: Iterable[str]) -> str:
     return ", ".join(repr(n) for n in names)
 
 
+def shortened(value: Any) -> str:
+    """``repr(value)`` cut short (``[0, 1, 2, 3, 4, 5, ...]``): a message shows what was
+    wrong, never a whole config, however large (or alias-expanded) the value is."""
+    return _REPR.repr(value)
+
+
 def kind_of(value: Any) -> str:
     """``list [1, 2]``: a value with its type, for "got ..." messages."""
-    return f"{type(value).__name__} {value!r}"
+    return f"{type(value).__name__} {shortened(value)}"
 
 
 def is_int(value: Any) -> bool:

@@ -11,7 +11,14 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from connectors.imports import ImportPathError, split_import_path
-from marl_runner.config.errors import ConfigError, did_you_mean, is_int, kind_of, quoted
+from marl_runner.config.errors import (
+    ConfigError,
+    did_you_mean,
+    is_int,
+    kind_of,
+    quoted,
+    shortened,
+)
 from marl_runner.config.schema import DEVICES
 
 __all__ = [
@@ -31,21 +38,21 @@ def check_int(value: Any, key: str, *, minimum: int | None) -> int:
     """An integer (not a bool), at least ``minimum`` when given."""
     if not is_int(value) or (minimum is not None and value < minimum):
         bound = f" >= {minimum}" if minimum is not None else ""
-        raise ConfigError(key, f"got {value!r}, expected an integer{bound}")
+        raise ConfigError(key, f"got {shortened(value)}, expected an integer{bound}")
     return int(value)
 
 
 def check_number(value: Any, key: str, expected: str, ok: Callable[[Any], bool]) -> float:
     """An int or float (not a bool) for which ``ok`` holds; ``expected`` words the rule."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
-        raise ConfigError(key, f"got {value!r}, expected {expected}")
+        raise ConfigError(key, f"got {shortened(value)}, expected {expected}")
     return value
 
 
 def check_bool(value: Any, key: str) -> bool:
     """True or false, nothing that merely looks like one (``"yes"``, 1)."""
     if not isinstance(value, bool):
-        raise ConfigError(key, f"got {value!r}, expected true or false")
+        raise ConfigError(key, f"got {shortened(value)}, expected true or false")
     return value
 
 
@@ -53,7 +60,8 @@ def check_choice(value: Any, key: str, choices: Sequence[str]) -> str:
     """One of ``choices``, with a suggestion for a near miss."""
     if value not in choices:
         raise ConfigError(
-            key, f"got {value!r}, expected one of {quoted(choices)}{did_you_mean(value, choices)}"
+            key,
+            f"got {shortened(value)}, expected one of {quoted(choices)}{did_you_mean(value, choices)}",
         )
     return value
 
@@ -66,7 +74,7 @@ def check_str_keyed(value: Any, key: str, what: str) -> dict[str, Any]:
         raise ConfigError(key, f"got {kind_of(value)}, expected a mapping of {what}")
     for k in value:
         if not isinstance(k, str):
-            raise ConfigError(f"{key}.{k}", f"key {k!r} must be a string")
+            raise ConfigError(f"{key}.{k}", f"key {shortened(k)} must be a string")
     return copy.deepcopy(dict(value))
 
 
@@ -76,7 +84,7 @@ def check_import_path(path: Any, key: str, what: str) -> str:
         split_import_path(path)
     except ImportPathError:
         raise ConfigError(
-            key, f"got {path!r}, expected an import path 'pkg.module:name' naming {what}"
+            key, f"got {shortened(path)}, expected an import path 'pkg.module:name' naming {what}"
         ) from None
     return path.strip()
 
@@ -85,4 +93,6 @@ def check_device(device: Any) -> str:
     """cpu, cuda, cuda:N or auto."""
     if isinstance(device, str) and (device in DEVICES or _CUDA_DEVICE.fullmatch(device)):
         return device
-    raise ConfigError("device", f"got {device!r}, expected one of {quoted(DEVICES)} or 'cuda:N'")
+    raise ConfigError(
+        "device", f"got {shortened(device)}, expected one of {quoted(DEVICES)} or 'cuda:N'"
+    )

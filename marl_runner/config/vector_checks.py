@@ -11,7 +11,7 @@ import dataclasses
 from typing import Any
 
 import marl_runner.envs.vectorize  # noqa: F401  (registers the built-in backends)
-from marl_runner.config.errors import ConfigError, reject_unknown_keys
+from marl_runner.config.errors import ConfigError, reject_unknown_keys, shortened
 from marl_runner.envs.vector_backends import (
     BackendConfigError,
     VectorKey,
@@ -50,7 +50,7 @@ def check_vector_options(config: Any) -> None:
         try:
             options[name] = key.check(value)
         except ValueError as exc:
-            raise ConfigError(name, f"got {value!r}, expected {exc}") from None
+            raise ConfigError(name, f"got {shortened(value)}, expected {exc}") from None
     config.vector_options = options
     backend = vector_backend(config.vectorize)
     if backend.check is not None:

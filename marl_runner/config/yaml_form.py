@@ -4,6 +4,13 @@ Configs are edited by hand, so loading refuses what PyYAML would silently
 accept (a duplicate key keeps the last value) and reads ``1e-3`` as the
 number it looks like; writing turns numpy values, tuples and spaces into
 plain YAML-safe data.
+
+Configs also come from elsewhere, so the loader bounds what a small file can
+ask for: at most ``MAX_YAML_DEPTH`` levels of nesting (deeper would recurse
+past Python's stack), and at most ``MAX_YAML_NODES`` values once aliases are
+expanded (1 KB of ``&a [*b, *b, ...]`` lines can stand for billions, and
+every later copy, check or message would expand them). Aliases that refer to
+themselves are refused. Each is a one-line YAML error with its line.
 """
 
 from __future__ import annotations
@@ -16,10 +23,23 @@ import gymnasium as gym
 import numpy as np
 import yaml
 
-from marl_runner.config.errors import ConfigError, kind_of
+from marl_runner.config.errors import ConfigError, kind_of, shortened
 from marl_runner.config.spaces import space_to_spec
 
-__all__ = ["StrictLoader", "describe_yaml_error", "parse_override", "plain", "set_dotted"]
+__all__ = [
+    "MAX_YAML_DEPTH",
+    "MAX_YAML_NODES",
+    "StrictLoader",
+    "describe_yaml_error",
+    "parse_override",
+    "plain",
+    "set_dotted",
+]
+
+#: Levels of nesting a config may have; real ones need about 8.
+MAX_YAML_DEPTH = 32
+#: Values (scalars, lists, mappings) a config may hold with its aliases expanded.
+MAX_YAML_NODES = 100_000
 
 
 def plain(value: Any) -> Any:
@@ -37,7 +57,8 @@ def plain(value: Any) -> Any:
     if value is None or isinstance(value, (str, bool, int, float)):
         return value
     raise ConfigError(
-        None, f"cannot write a {type(value).__name__} ({value!r}) to a config; expected plain data"
+        None,
+        f"cannot write a {type(value).__name__} ({shortened(value)}) to a config; expected plain data",
     )
 
 
@@ -47,13 +68,14 @@ def parse_override(override: str) -> tuple[str, Any]:
     key = key.strip()
     if not sep or not key or any(not part for part in key.split(".")):
         raise ConfigError(
-            None, f"override {override!r}: expected 'dotted.key=value', e.g. 'num_envs=8'"
+            None, f"override {shortened(override)}: expected 'dotted.key=value', e.g. 'num_envs=8'"
         )
     try:
         return key, yaml.load(text, Loader=StrictLoader)
     except yaml.YAMLError as exc:
         raise ConfigError(
-            key, f"override {override!r}: the value is not valid YAML ({describe_yaml_error(exc)})"
+            key,
+            f"override {shortened(override)}: the value is not valid YAML ({describe_yaml_error(exc)})",
         ) from None
 
 
@@ -75,8 +97,80 @@ def set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
 
 
 class StrictLoader(yaml.SafeLoader):
-    """SafeLoader that rejects duplicate keys (PyYAML silently keeps the last) and reads
-    ``1e-3`` as a float (YAML 1.1 wants ``1.0e-3`` and would give the string "1e-3")."""
+    """SafeLoader that rejects duplicate keys (PyYAML silently keeps the last), reads
+    ``1e-3`` as a float (YAML 1.1 wants ``1.0e-3`` and would give the string "1e-3"),
+    and refuses documents past ``MAX_YAML_DEPTH`` levels or ``MAX_YAML_NODES`` values
+    with aliases expanded."""
+
+    _depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        """Composes a node, refusing to go deeper than ``MAX_YAML_DEPTH`` before recursing."""
+        if self._depth >= MAX_YAML_DEPTH:
+            raise yaml.composer.ComposerError(
+                None,
+                None,
+                f"the document is nested more than {MAX_YAML_DEPTH} levels deep",
+                self.peek_event().start_mark,
+            )
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def get_single_node(self) -> yaml.Node | None:
+        """The document's node graph, checked with its aliases expanded before anything is
+        constructed from it."""
+        node = super().get_single_node()
+        if node is not None:
+            _check_expanded(node)
+        return node
+
+
+def _check_expanded(root: yaml.Node) -> None:
+    """Counts the values and levels of the document as if every alias were copied out,
+    without copying: each node's totals are computed once (an alias shares its anchor's
+    node), iteratively (no recursion)."""
+    size: dict[int, int] = {}
+    depth: dict[int, int] = {}
+    on_path: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        key = id(node)
+        if children_done:
+            children = _children(node)
+            on_path.discard(key)
+            size[key] = 1 + sum(size[id(child)] for child in children)
+            depth[key] = 1 + max((depth[id(child)] for child in children), default=0)
+            if size[key] > MAX_YAML_NODES or depth[key] > MAX_YAML_DEPTH:
+                what = (
+                    f"more than {MAX_YAML_NODES:,} values"
+                    if size[key] > MAX_YAML_NODES
+                    else f"more than {MAX_YAML_DEPTH} levels"
+                )
+                raise yaml.composer.ComposerError(
+                    None, None, f"its aliases expand to {what}", node.start_mark
+                )
+            continue
+        if key in size:
+            continue
+        if key in on_path:
+            raise yaml.composer.ComposerError(
+                None, None, "an alias refers to itself (a recursive structure)", node.start_mark
+            )
+        on_path.add(key)
+        stack.append((node, True))
+        stack.extend((child, False) for child in _children(node) if id(child) not in size)
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
 
 
 StrictLoader.yaml_implicit_resolvers = {
@@ -101,7 +195,7 @@ def _construct_mapping_without_duplicates(
             raise yaml.constructor.ConstructorError(
                 "while constructing a mapping",
                 node.start_mark,
-                f"found duplicate key {key!r}",
+                f"found duplicate key {shortened(key)}",
                 key_node.start_mark,
             )
         seen.add(key)

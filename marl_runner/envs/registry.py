@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import reprlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -13,6 +14,12 @@ from marl_runner.envs.multi_agent_env import MultiAgentEnv
 from marl_runner.envs.pettingzoo_wrappers import AECPettingZooEnv, ParallelPettingZooEnv
 
 EnvCreator = Callable[[dict[str, Any]], Any]
+#: Values in messages are cut short: an env config can be large, or a YAML alias bomb.
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 80
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = 6
+_REPR.maxlevel = 3
+_short = _REPR.repr
 API_CHOICES = ("auto", "parallel", "aec", "multi_agent")
 _ENV_CONFIG_KEYS = ("name", "config", "api", "capture_state")
 _API_CLASSES: dict[str, type] = {
@@ -87,14 +94,14 @@ def _read_env_config(env_config: Mapping[str, Any] | Any) -> tuple[str, dict[str
     api = fields.get("api") or "auto"
     if not isinstance(name, str) or not name:
         raise EnvError(
-            f"env.name {name!r}: expected a registered env name or a 'module:callable' path"
+            f"env.name {_short(name)}: expected a registered env name or a 'module:callable' path"
         )
     if not isinstance(config, Mapping):
         raise EnvError(
-            f"env.config for {name!r}: expected a mapping of keyword arguments, got {config!r}"
+            f"env.config for {name!r}: expected a mapping of keyword arguments, got {_short(config)}"
         )
     if api not in API_CHOICES:
-        raise EnvError(f"env.api {api!r} for {name!r}: expected one of {list(API_CHOICES)}")
+        raise EnvError(f"env.api {_short(api)} for {name!r}: expected one of {list(API_CHOICES)}")
     return name, dict(config), api
 
 
@@ -134,7 +141,7 @@ def _call_creator(
         return creator(**config) if as_kwargs else creator(dict(config))
     except Exception as exc:
         raise EnvError(
-            f"env.name {name!r}: creating the env with config {config!r} failed with "
+            f"env.name {name!r}: creating the env with config {_short(config)} failed with "
             f"{type(exc).__name__}: {exc}"
         ) from exc
 

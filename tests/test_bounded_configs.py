@@ -1,0 +1,118 @@
+"""Hostile configs: YAML depth and alias expansion are limited, and every message shows a
+value shortened, never a whole (expanded) config.
+"""
+
+from __future__ import annotations
+
+import pytest
+from helpers_bounded import run_capped
+
+from marl_runner.cli.app import main
+from marl_runner.config import ConfigError, RunnerConfig
+from marl_runner.config.yaml_form import MAX_YAML_DEPTH, MAX_YAML_NODES
+from marl_runner.envs import register_env
+from marl_runner.envs.errors import EnvError
+from marl_runner.envs.registry import make_env
+
+HEAD = "policies: {shared: {}}\nenv:\n  name: pettingzoo.classic.tictactoe_v3:env\n"
+
+
+def alias_bomb(levels: int = 9) -> str:
+    """Each level lists the one before nine times: 9**levels nodes once expanded."""
+    lines = ["  config:", '    a0: &a0 ["xxxxxxxx"]']
+    for i in range(1, levels + 1):
+        lines.append(f"    a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]")
+    return HEAD + "\n".join(lines) + "\n"
+
+
+def nested(depth: int) -> str:
+    return HEAD + "  config:\n    deep: " + "[" * depth + "]" * depth + "\n"
+
+
+def test_deep_yaml_is_a_one_line_error(tmp_path, capsys):
+    """Case 9: env.config nested 3,000 deep was a 2,999-line RecursionError traceback."""
+    path = tmp_path / "deep.yaml"
+    path.write_text(nested(3000))
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1
+    assert str(path) in err and f"more than {MAX_YAML_DEPTH} levels" in err and "line 5" in err
+
+
+def test_yaml_within_the_depth_limit_loads(tmp_path):
+    path = tmp_path / "ok.yaml"
+    path.write_text(nested(MAX_YAML_DEPTH - 4))
+    assert RunnerConfig.from_yaml(path).env["config"]["deep"]
+
+
+@pytest.mark.parametrize("command", ["validate", "sample"])
+def test_an_alias_bomb_is_refused_while_parsing(tmp_path, command):
+    """Case 10: 1.2 KB of YAML aliases expanding to 9**9 nodes under env.config made
+    validate run 70 s and reach 5.9 GB, printing the expanded config in its error."""
+    path = tmp_path / "bomb.yaml"
+    path.write_text(alias_bomb())
+    assert path.stat().st_size < 1500
+    result = run_capped(
+        f"""
+        from marl_runner.cli.app import main
+        print("EXIT", main([{command!r}, {str(path)!r}]))
+        """,
+        cap_mib=1536,
+        timeout_s=60,
+    )
+    assert result.stdout.splitlines()[-1] == "EXIT 2", result.stderr[-2000:]
+    err = result.stderr.strip()
+    assert len(err.splitlines()) == 1 and len(err) < 400
+    assert "aliases" in err and f"{MAX_YAML_NODES:,}" in err
+    assert result.peak_rss_mib < 600
+
+
+def test_a_recursive_alias_is_refused(tmp_path):
+    path = tmp_path / "loop.yaml"
+    path.write_text(HEAD + "  config:\n    loop: &loop [*loop]\n")
+    with pytest.raises(ConfigError, match="refers to itself"):
+        RunnerConfig.from_yaml(path)
+
+
+def test_a_few_aliases_and_merge_keys_still_load(tmp_path):
+    path = tmp_path / "merge.yaml"
+    path.write_text(
+        "env: pettingzoo.classic.tictactoe_v3:env\n"
+        "policies:\n  a: &base {model: {hidden: [8]}}\n  b: {<<: *base}\n"
+        "policy_mapping_fn: {player_1: a, player_2: b}\n"
+    )
+    config = RunnerConfig.from_yaml(path)
+    assert config.policies["b"]["model"]["hidden"] == [8]
+
+
+def test_override_values_are_bounded_too():
+    config = RunnerConfig.from_dict({"env": "x:y", "policies": {"p": {}}})
+    with pytest.raises(ConfigError, match=f"more than {MAX_YAML_DEPTH} levels"):
+        config.with_overrides(["env.config.deep=" + "[" * 1000 + "]" * 1000])
+
+
+def test_errors_show_values_shortened():
+    """A bad value is shown cut short: a 10,000-element list is not printed whole."""
+    big = list(range(10_000))
+    with pytest.raises(ConfigError) as info:
+        RunnerConfig.from_dict({"env": "x:y", "policies": {"p": {}}, "num_envs": big})
+    assert "num_envs" in str(info.value) and len(str(info.value)) < 300
+    with pytest.raises(ConfigError) as info:
+        RunnerConfig.from_dict({"env": {"name": "x:y", "config": big}, "policies": {"p": {}}})
+    assert "env.config" in str(info.value) and len(str(info.value)) < 300
+
+
+def refuse(config):
+    raise TypeError("unexpected keyword")
+
+
+register_env("bounded-refusing", refuse)
+
+
+def test_the_env_constructor_error_shows_the_config_shortened():
+    config = {"layout": [[0] * 100 for _ in range(100)], "name": "x" * 5000}
+    with pytest.raises(EnvError) as info:
+        make_env({"name": "bounded-refusing", "config": config})
+    message = str(info.value)
+    assert "bounded-refusing" in message and "unexpected keyword" in message
+    assert "layout" in message and len(message) < 400
