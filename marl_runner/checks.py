@@ -29,6 +29,12 @@ def trajectory_rows(batch: SampleBatch) -> dict[tuple[int, int], np.ndarray]:
     }
 
 
+#: Columns the checks read; ``new_obs`` is checked where the batch has it.
+REQUIRED_COLUMNS = ("obs", "t", "eps_id", "agent_index", "terminateds", "truncateds")
+#: Where a batch says that a trajectory's first row continues an earlier fragment.
+CONTINUES = "continues"
+
+
 def check_batch_invariants(
     batch: MultiAgentBatch | SampleBatch,
     *,
@@ -36,11 +42,14 @@ def check_batch_invariants(
     rollout_fragment_length: int | None = None,
     num_fragments: int | None = None,
 ) -> None:
-    """Checks, per agent trajectory: t counts up by one (from 0 unless told otherwise),
-    ``new_obs[i] == obs[i + 1]``, done flags only on the last row (both may be set
-    there: an agent that ends itself in the round a time limit ends the episode);
-    with ``rollout_fragment_length`` (env-step counting, truncate mode) also
-    that the batch covers exactly ``num_fragments`` fragments of that length.
+    """Checks, per agent trajectory: t counts up by one, from 0 exactly where the
+    episode starts (a first row marked in ``continues`` goes on from an earlier
+    fragment instead; a batch without that column: every first row, unless
+    ``t_from_zero`` is false), ``new_obs[i] == obs[i + 1]``, done flags only on
+    the last row (both may be set there: an agent that ends itself in the round
+    a time limit ends the episode); with ``rollout_fragment_length`` (env-step
+    counting, truncate mode) also that the batch covers exactly
+    ``num_fragments`` fragments of that length. A missing column is named.
     """
     problems: list[str] = []
     if isinstance(batch, MultiAgentBatch):
@@ -63,24 +72,43 @@ def check_batch_invariants(
 
 def _problems(batch: SampleBatch, t_from_zero: bool) -> list[str]:
     problems = []
+    missing = [name for name in REQUIRED_COLUMNS if name not in batch]
+    if missing:
+        return [
+            f"missing column{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))}; "
+            f"the checks read {', '.join(REQUIRED_COLUMNS)} (and new_obs, continues where present)"
+        ]
     lengths = {name: len(column) for name, column in batch.items()}
     if len(set(lengths.values())) > 1:
         return [f"columns differ in length: {lengths}"]
     if not len(batch):
         return problems
     done = batch["terminateds"] | batch["truncateds"]
+    continues = batch.get(CONTINUES)
     for (eps_id, agent_index), rows in trajectory_rows(batch).items():
         where = f"episode {eps_id} agent {agent_index}"
         t = batch["t"][rows]
-        if t_from_zero and t[0] != 0:
-            problems.append(f"{where}: t starts at {t[0]}, expected 0")
+        if continues is None:
+            if t_from_zero and t[0] != 0:
+                problems.append(f"{where}: t starts at {t[0]}, expected 0")
+        elif continues[rows[0]]:
+            if t[0] == 0:
+                problems.append(
+                    f"{where}: t starts at 0, but the batch says it continues an earlier fragment"
+                )
+        elif t[0] != 0:
+            problems.append(
+                f"{where}: t starts at {t[0]}, expected 0 (the batch says the episode starts "
+                "here: a row is missing, or the continues column is wrong)"
+            )
         if (np.diff(t) != 1).any():
             problems.append(f"{where}: t is not consecutive: {t.tolist()[:20]}")
         if done[rows[:-1]].any():
             problems.append(f"{where}: a done flag before the trajectory's last row")
-        obs, new_obs = batch["obs"][rows], batch["new_obs"][rows]
-        if len(rows) > 1 and not _equal(new_obs[:-1], obs[1:]):
-            problems.append(f"{where}: new_obs[i] != obs[i + 1]")
+        if "new_obs" in batch and len(rows) > 1:
+            obs, new_obs = batch["obs"][rows], batch["new_obs"][rows]
+            if not _equal(new_obs[:-1], obs[1:]):
+                problems.append(f"{where}: new_obs[i] != obs[i + 1]")
     return problems
 
 

@@ -20,7 +20,13 @@ from connectors.imports import ImportPathError, import_object
 from marl_runner.config.checks import check_fields
 from marl_runner.config.errors import ConfigError, kind_of, reject_unknown_keys
 from marl_runner.config.policy_checks import check_chain, connector_name
-from marl_runner.config.schema import BUILTIN_POLICY_CLASSES, REQUIRED_HINTS, EnvSpec, PolicySpec
+from marl_runner.config.schema import (
+    BUILTIN_POLICY_CLASSES,
+    EXCLUDABLE_COLUMNS,
+    REQUIRED_HINTS,
+    EnvSpec,
+    PolicySpec,
+)
 from marl_runner.config.spaces import space_to_spec
 from marl_runner.config.vector_checks import vector_keys_for
 from marl_runner.config.yaml_form import (
@@ -62,7 +68,9 @@ class RunnerConfig:
         "A string is short for `{name: ...}`; so, in a Python config, is the env class or "
         "function itself (see env.name below). Required.",
     )
-    num_envs: int = _key(1, "Sub-envs stepped by one runner; one inference batch spans all of them.")
+    num_envs: int = _key(
+        1, "Sub-envs stepped by one runner; one inference batch spans all of them."
+    )
     vectorize: str = _key(
         "sync",
         "How sub-envs are stepped: a vectorize backend (see `vectorize` backends below): "
@@ -100,6 +108,14 @@ class RunnerConfig:
         "zeros",
         "The final obs of an agent the env left without one when the episode ended: "
         "zeros, sample (from its space) or last (its last obs repeated).",
+    )
+    exclude_columns: list[str] = _key(
+        (),
+        "Batch columns left out, for a trainer that does not read them: any of "
+        + ", ".join(EXCLUDABLE_COLUMNS)
+        + ". [new_obs] halves the bytes per row of image-like obs for on-policy training "
+        "(a policy with gae still gets new_obs for its bootstrap value; the batch handed out "
+        "has none). Default: every column.",
     )
     seed: int | None = _key(
         0, "Seeds sub-envs (seed + index) and policies (per policy id); null: unseeded."
@@ -160,6 +176,7 @@ class RunnerConfig:
         "marl_runner.distributed: the Ray cluster to join; null joins the running one or "
         "starts a local one.",
     )
+
     def __init__(self, **values: Any) -> None:
         """Takes every key by name, a backend's keys (``num_workers=2``) included."""
         keys = vector_keys_for(RunnerConfig)
@@ -177,6 +194,7 @@ class RunnerConfig:
                 raise ConfigError(field.name, f"missing; {REQUIRED_HINTS[field.name]}")
             object.__setattr__(self, field.name, value)
         check_fields(self)
+        self.exclude_columns = _check_exclude_columns(self.exclude_columns)
 
     def __getattr__(self, name: str) -> Any:
         """A backend's key (``config.num_workers``): its value, else its registered default."""
@@ -300,6 +318,27 @@ class RunnerConfig:
 
 #: The top-level keys that are fields; the backends' keys live in ``vector_options``.
 _FIELD_NAMES = tuple(f.name for f in dataclasses.fields(RunnerConfig) if f.name != "vector_options")
+
+
+def _check_exclude_columns(value: Any) -> list[str]:
+    """``exclude_columns``: a list of distinct excludable column names (null: none)."""
+    if value is None:
+        return []
+    if not isinstance(value, (list, tuple)):
+        raise ConfigError(
+            "exclude_columns",
+            f"got {kind_of(value)}, expected a list of column names such as [new_obs]",
+        )
+    names: list[str] = []
+    for name in value:
+        if name not in EXCLUDABLE_COLUMNS:
+            raise ConfigError(
+                "exclude_columns",
+                f"got {name!r}, expected column names among {', '.join(EXCLUDABLE_COLUMNS)}",
+            )
+        if name not in names:
+            names.append(name)
+    return names
 
 
 def _policy_to_dict(spec: PolicySpec) -> dict[str, Any]:

@@ -19,6 +19,7 @@ __all__ = [
     "DEVICES",
     "ENV_APIS",
     "ENV_KEYS",
+    "EXCLUDABLE_COLUMNS",
     "FAKE_OBS_MODES",
     "POLICY_KEYS",
     "REQUIRED_HINTS",
@@ -32,6 +33,12 @@ ENV_APIS = ("auto", "parallel", "aec", "multi_agent")
 BATCH_MODES = ("truncate_episodes", "complete_episodes")
 STEP_COUNTS = ("env_steps", "agent_steps")
 FAKE_OBS_MODES = ("zeros", "sample", "last")
+#: Batch columns ``exclude_columns`` may leave out: none that a transition, its trajectory
+#: or a policy's own outputs are read from.
+EXCLUDABLE_COLUMNS = (
+    "new_obs", "new_env_state", "infos", "env_t", "policy_version", "agent_id", "unroll_id",
+    "action_dist_inputs",
+)  # fmt: skip
 DEVICES = ("cpu", "cuda", "auto")
 ACTIVATIONS = ("tanh", "relu")
 #: Policy classes named without an import path (see marl_runner.policy.build_policy).
@@ -61,8 +68,7 @@ POLICY_KEYS = {
     "Default: TorchPolicy.",
     "agent_connectors": "The agent connector chain: a list of names or {name: ..., <param>: "
     "...} mappings (see docs/CONNECTORS.md). Null: the default chain; []: none.",
-    "action_connectors": "The action connector chain, likewise. Null: the default chain; "
-    "[]: none.",
+    "action_connectors": "The action connector chain, likewise. Null: the default chain; []: none.",
     "observation_space": "The env-side observation space, e.g. {type: Box, low: -1.0, high: "
     "1.0, shape: [3]}; must fit the agents mapped to the policy. Null: taken from them.",
     "action_space": "The env-side action space, e.g. {type: Discrete, n: 6}; must fit the "

@@ -31,9 +31,10 @@ class FragmentBuilder:
         truncate_episodes: bool,
         count_agent_steps: bool,
         key_table: KeyTable,
-        exclude_columns: frozenset[str] = frozenset(),
+        exclude_columns: Callable[[str], frozenset[str]] | None = None,
     ) -> None:
-        self._exclude = exclude_columns
+        # Per policy: the batch columns its store leaves out.
+        self._exclude = exclude_columns or (lambda policy_id: frozenset())
         self._length = rollout_fragment_length
         self._truncate = truncate_episodes
         self._count_agent_steps = count_agent_steps
@@ -68,7 +69,7 @@ class FragmentBuilder:
         each row marked ``closing`` is an agent step of its sub-env (``env_ids``)."""
         store = self.stores.get(policy_id)
         if store is None:
-            store = self.stores[policy_id] = PolicyTrajectories(policy_id, self._exclude)
+            store = self.stores[policy_id] = PolicyTrajectories(policy_id, self._exclude(policy_id))
         store.add(chunk, num_rows)
         if self._count_agent_steps:
             closing_env_ids = env_ids[closing]

@@ -39,7 +39,7 @@ from marl_runner.sampling.policy_outputs import (
 )
 from marl_runner.sampling.postprocess import postprocess_trajectories
 from marl_runner.sampling.round import Round, RoundCollector
-from marl_runner.sampling.trajectories import KeyTable
+from marl_runner.sampling.trajectories import KeyTable, Segments
 
 _ENV_ID = attrgetter("env_id")
 
@@ -99,6 +99,7 @@ class EnvRunner:
             truncate_episodes=config.batch_mode == "truncate_episodes",
             count_agent_steps=config.count_steps_by == "agent_steps",
             key_table=self._key_table,
+            exclude_columns=self._stored_exclusions,
         )
         self._perf = PerfStats(config.ema_coef)
         self._metrics = MetricsCollector()
@@ -481,7 +482,7 @@ class EnvRunner:
         """Every fragment now due, post-processed."""
         return self._fragments.build_ready(self._postprocess)
 
-    def _postprocess(self, built: dict[str, tuple[SampleBatch, np.ndarray]]) -> dict[str, SampleBatch]:
+    def _postprocess(self, built: dict[str, tuple[SampleBatch, Segments]]) -> dict[str, SampleBatch]:
         entries = self.policy_map.entries
         wanting = frozenset(pid for pid, e in entries.items() if e.wants_postprocess)
         hook = None
@@ -490,7 +491,24 @@ class EnvRunner:
                 self.callbacks.on_postprocess_trajectory(
                     runner=self, worker=self, policies=self.policy_map, **kwargs
                 )
-        return postprocess_trajectories(built, self.policy_map, wanting, self._key_table, hook)
+        batches = postprocess_trajectories(built, self.policy_map, wanting, self._key_table, hook)
+        excluded = self.config.exclude_columns
+        if excluded:
+            for batch in batches.values():  # what was kept for post-processing only
+                for name in excluded:
+                    batch.pop(name, None)
+        return batches
+
+    def _stored_exclusions(self, policy_id: str) -> frozenset[str]:
+        """The columns ``exclude_columns`` leaves out of the policy's store: new_obs is
+        built anyway where a post-processing pass reads it (GAE's bootstrap value)."""
+        excluded = frozenset(self.config.exclude_columns)
+        entry = self.policy_map.entries.get(policy_id)
+        if "new_obs" in excluded and (
+            "on_postprocess_trajectory" in self._hooks or (entry is not None and entry.wants_postprocess)
+        ):
+            excluded -= {"new_obs"}
+        return excluded
 
     # ---- faults
 

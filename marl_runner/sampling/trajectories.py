@@ -23,6 +23,8 @@ CLOSING_COLUMNS = ("rewards", "terminateds", "truncateds", "infos")
 # Columns handed out twice: from the opening row, and from the closing row under a second name.
 PAIRED_COLUMNS = {"obs": "new_obs", "env_state": "new_env_state"}
 KEY_COLUMN = "keys"
+# Stored columns nothing but the batch reads (the ones ``exclude`` may leave unstored).
+_STORED_FOR_THE_BATCH_ONLY = frozenset({"infos", "env_t", "policy_version", "action_dist_inputs"})
 # What a build with no transition returns: no finished keys, no segments (read-only, shared).
 _NO_KEYS = np.zeros(0, np.int64)
 _NO_TABLE = np.zeros((0, 3), np.int64)
@@ -149,6 +151,8 @@ class PolicyTrajectories:
         self.rows = ColumnBuffer()
         self.finals = ColumnBuffer()
         self.exclude = exclude
+        # Left out columns that only the batch reads: not even stored.
+        self._not_stored = tuple(exclude & _STORED_FOR_THE_BATCH_ONLY)
         self._blocks = ArrayPool()
 
     @property
@@ -158,6 +162,8 @@ class PolicyTrajectories:
 
     def add(self, chunk: dict[str, Any], num_rows: int) -> None:
         """Stores one round's rows of this policy."""
+        for name in self._not_stored:
+            chunk.pop(name, None)
         done = np.asarray(chunk["terminateds"]) | np.asarray(chunk["truncateds"])
         if not done.any():
             self.rows.append(chunk, num_rows)
