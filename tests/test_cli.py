@@ -19,6 +19,7 @@ import yaml
 from rich.console import Console
 
 import marl_runner
+import marl_runner.cli.sample
 import marl_runner.sampling.runner
 from marl_runner.batch import MultiAgentBatch, SampleBatch
 from marl_runner.cli import build_parser, main
@@ -205,6 +206,8 @@ def fake_runner(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[FakeRunner]]:
     the test."""
     monkeypatch.setattr(marl_runner.sampling.runner, "EnvRunner", FakeRunner)
     monkeypatch.setattr(marl_runner, "EnvRunner", FakeRunner)
+    # sample builds one sub-env to estimate its batch's memory; the fake has no env.
+    monkeypatch.setattr(marl_runner.cli.sample, "probe_agents", lambda *_: ([], False))
     FakeRunner.instances = []
     FakeRunner.script = [FakeSample(), FakeSample(episodes=1), FakeSample(faulty=1)]
     yield FakeRunner

@@ -18,8 +18,13 @@ import yaml
 
 from connectors.imports import ImportPathError
 from marl_runner.config import ConfigError, RunnerConfig
+from marl_runner.config.memory import BatchMemory, check_batch_memory, estimate_batch_memory
 from marl_runner.envs.errors import EnvError
+from marl_runner.envs.pettingzoo_wrappers import AECPettingZooEnv
+from marl_runner.envs.registry import EnvFactory
+from marl_runner.envs.vector_backends import vector_backend
 from marl_runner.io import FORMATS, list_batch_files, write_batch
+from marl_runner.io.safe_files import memory_limit_bytes
 from marl_runner.mapping import PolicyMappingError, make_policy_mapping_fn
 from marl_runner.metrics_log import MetricsLogWriter
 
@@ -83,6 +88,55 @@ class CheckedMapping:
             raise MappingFailed(
                 f"policy_mapping_fn failed for agent {agent_id!r}: {describe(exc)}"
             ) from exc
+
+
+def check_memory(
+    config: RunnerConfig,
+    agents: Sequence[tuple[str, Any, Any]] = (),
+    *,
+    all_agents_act: bool = False,
+) -> BatchMemory:
+    """Refuses (exit 2) a config whose batch cannot fit in this process's memory
+    (``memory_limit_bytes``); returns the estimate. ``validate`` and ``sample`` both call
+    it: first before anything is built (no agents: bookkeeping columns only), then with
+    the env's possible agents and their spaces."""
+    estimate = estimate_batch_memory(config, agents, all_agents_act=all_agents_act)
+    try:
+        check_batch_memory(estimate, memory_limit_bytes())
+    except ConfigError as exc:
+        raise CommandError(str(exc)) from exc
+    return estimate
+
+
+def probe_agents(
+    config: RunnerConfig, mapping: Callable[..., str]
+) -> tuple[list[tuple[str, Any, Any]], bool]:
+    """``(policy id, obs space, action space)`` of each possible agent of one sub-env built
+    here, and whether all agents act every step (not a turn-taking AEC env); an agent whose
+    mapping needs a running episode is counted as ``"?"``. No agents for ``vectorize:
+    external``: there is no env to build."""
+    if vector_backend(config.vectorize).validate_with != "sync":
+        return [], False  # the env is not built in this process (external)
+    try:
+        env = EnvFactory(config.env)(0)
+    except Exception as exc:
+        raise build_error(exc, config) from exc
+    try:
+        return agent_spaces(env, mapping), not isinstance(env, AECPettingZooEnv)
+    finally:
+        env.close()
+
+
+def agent_spaces(env: Any, mapping: Callable[..., str]) -> list[tuple[str, Any, Any]]:
+    """``(policy id, obs space, action space)`` of each of ``env``'s possible agents."""
+    rows = []
+    for agent in env.possible_agents:
+        try:
+            policy_id = mapping(agent, None)
+        except Exception:
+            policy_id = "?"
+        rows.append((policy_id, env.get_observation_space(agent), env.get_action_space(agent)))
+    return rows
 
 
 def build_error(exc: Exception, config: RunnerConfig) -> CommandError:

@@ -20,11 +20,13 @@ from marl_runner.cli.common import (
     add_out_format_argument,
     build_error,
     check_imports,
+    check_memory,
     describe,
     load_config,
     non_negative_int,
     positive_int,
     prepare_outputs,
+    probe_agents,
 )
 from marl_runner.cli.display import print_run_summary
 from marl_runner.config import RunnerConfig
@@ -100,9 +102,13 @@ def add_sample_parser(commands: Any, common: argparse.ArgumentParser) -> None:
 
 
 def run_sample(args: argparse.Namespace) -> int:
-    """Loads and checks the config, prepares --out and --metrics-out, then samples."""
+    """Loads and checks the config (its batch must fit in memory: one sub-env is built here
+    to read the agents' spaces), prepares --out and --metrics-out, then samples."""
     config = load_config(args.config, args.overrides)
     check_imports(config)
+    check_memory(config)  # before anything is built: num_envs 10,000,000 stops here
+    agents, all_agents_act = probe_agents(config, CheckedMapping(config))
+    check_memory(config, agents, all_agents_act=all_agents_act)
     if args.episodes is not None:
         unit, target = "episodes", args.episodes
     elif args.steps is not None:

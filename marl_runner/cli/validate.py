@@ -22,13 +22,18 @@ from marl_runner.cli.common import (
     EXIT_OK,
     CheckedMapping,
     CommandError,
+    agent_spaces,
     build_error,
     check_imports,
+    check_memory,
     load_config,
 )
 from marl_runner.cli.display import spaces_table
 from marl_runner.config import RunnerConfig
+from marl_runner.config.memory import format_bytes
+from marl_runner.envs.pettingzoo_wrappers import AECPettingZooEnv
 from marl_runner.envs.vector_backends import vector_backend
+from marl_runner.io.safe_files import memory_limit_bytes
 
 __all__ = ["add_validate_parser", "image_model_warnings", "is_image_shaped", "run_validate"]
 
@@ -57,6 +62,7 @@ def run_validate(args: argparse.Namespace) -> int:
     """Builds everything ``sample`` builds except stepping, so both reject the same configs."""
     config = load_config(args.config, args.overrides)
     check_imports(config)
+    check_memory(config)  # before anything is built, as sample does
     try:
         from marl_runner import EnvRunner  # imports torch
     except ImportError as exc:
@@ -69,6 +75,12 @@ def run_validate(args: argparse.Namespace) -> int:
     try:
         rows, unused_policies = _map_agents(runner, mapping.policy_of)
         warnings = image_model_warnings(runner)
+        sub_envs = runner.env.get_sub_environments()
+        memory = check_memory(
+            config,
+            agent_spaces(runner.env, lambda agent, _: mapping.policy_of[agent]),
+            all_agents_act=not any(isinstance(env, AECPettingZooEnv) for env in sub_envs),
+        )
     finally:
         runner.stop()
 
@@ -89,6 +101,13 @@ def run_validate(args: argparse.Namespace) -> int:
         )
     for warning in warnings:
         console.print(f"warning: {warning}", highlight=False, soft_wrap=True, markup=False)
+    console.print(
+        f"memory: one batch takes at least {format_bytes(memory.total_bytes)} per runner "
+        f"({memory.describe()}); this process may use {format_bytes(memory_limit_bytes())}",
+        highlight=False,
+        soft_wrap=True,
+        markup=False,
+    )
     console.print(f"config OK: {args.config}", highlight=False, soft_wrap=True)
     return EXIT_OK
 

@@ -1,0 +1,96 @@
+"""Configs whose batch cannot fit in memory are refused by validate and sample alike, before
+any sub-env beyond one is built (case 8: num_envs 10,000,000 or rollout_fragment_length
+10**12 passed validate, and sample grew without end)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import yaml
+from helpers_bounded import run_capped
+
+from marl_runner.cli.app import main
+from marl_runner.config import ConfigError, RunnerConfig
+from marl_runner.config.memory import (
+    BOOKKEEPING_ROW_BYTES,
+    check_batch_memory,
+    estimate_batch_memory,
+    space_bytes,
+)
+
+TICTACTOE = "pettingzoo.classic.tictactoe_v3:env"
+
+
+def write(tmp_path: Path, **changes) -> Path:
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump({"env": TICTACTOE, "policies": {"shared": {}}, **changes}))
+    return path
+
+
+def run_in_child(command: str, path: Path, cap_mib: int = 1536) -> tuple[str, str]:
+    result = run_capped(
+        f"""
+        from marl_runner.cli.app import main
+        print("EXIT", main([{command!r}, {str(path)!r}]))
+        """,
+        cap_mib=cap_mib,
+        timeout_s=60,
+    )
+    return result.stdout.splitlines()[-1], result.stderr
+
+
+@pytest.mark.parametrize("command", ["validate", "sample"])
+@pytest.mark.parametrize(
+    ("changes", "shown"),
+    [
+        ({"num_envs": 10_000_000}, "num_envs 10,000,000"),
+        ({"rollout_fragment_length": 10**12}, "rollout_fragment_length 1,000,000,000,000"),
+    ],
+)
+def test_a_batch_larger_than_the_machine_is_refused(tmp_path, command, changes, shown):
+    path = write(tmp_path, **changes)
+    exit_line, err = run_in_child(command, path)
+    assert exit_line == "EXIT 2", err[-2000:]
+    assert len(err.strip().splitlines()) == 1
+    assert "one batch needs at least" in err and shown in err
+    assert "lower num_envs or rollout_fragment_length" in err
+
+
+@pytest.mark.parametrize("command", ["validate", "sample"])
+def test_the_agents_spaces_count_once_the_env_is_known(tmp_path, command):
+    """Bookkeeping alone fits under a 1.5 GiB cap (20M rows x 42 B = 0.8 GiB); with tictactoe's
+    obs, next obs and action each row is 104 B (2 GiB), so both commands refuse it."""
+    path = write(tmp_path, num_envs=100_000)
+    exit_line, err = run_in_child(command, path)
+    assert exit_line == "EXIT 2", err[-2000:]
+    assert "policy 'shared': 20,000,000 rows x 104 B" in err
+
+
+def test_validate_prints_the_estimate(tmp_path, capsys):
+    assert main(["validate", str(write(tmp_path, num_envs=4, rollout_fragment_length=50))]) == 0
+    out = capsys.readouterr().out
+    assert "memory: one batch takes at least 20.3 KiB per runner" in out
+    assert "policy 'shared': 200 rows x 104 B" in out  # turn-taking: one row per env step
+
+
+def test_estimate_rows_and_row_bytes():
+    config = RunnerConfig.from_dict(
+        {"env": "x:y", "policies": {"a": {}, "b": {}}, "num_envs": 3, "rollout_fragment_length": 10}
+    )
+    box = gym.spaces.Box(0, 1, (4, 5), np.float32)
+    image = gym.spaces.Box(0, 255, (8, 8, 3), np.uint8)
+    obs = gym.spaces.Dict({"observation": image, "action_mask": gym.spaces.MultiBinary(7)})
+    assert space_bytes(box) == 80 and space_bytes(obs) == 192 + 7
+    act = gym.spaces.Discrete(5)
+    agents = [("a", box, act), ("a", box, act), ("b", obs, act)]
+    parallel = estimate_batch_memory(config, agents, all_agents_act=True)
+    assert parallel.rows == {"a": 60, "b": 30}  # every agent acts every step
+    assert parallel.row_bytes == {"a": 160 + 8 + BOOKKEEPING_ROW_BYTES, "b": 398 + 8 + 42}
+    turns = estimate_batch_memory(config, agents, all_agents_act=False)
+    assert turns.rows == {"a": 20, "b": 10}  # one agent per step, shared out
+    check_batch_memory(parallel, parallel.total_bytes)
+    with pytest.raises(ConfigError, match="one batch needs at least"):
+        check_batch_memory(parallel, parallel.total_bytes - 1)
