@@ -54,7 +54,14 @@ from benchmarks.memory_backends import (
 from benchmarks.profiling import profile_workload
 from benchmarks.report import print_report
 from benchmarks.subprocess_pools import SPEEDUP_WORKLOADS, slow_sub_env, vector_speedup
-from benchmarks.workloads import DEFAULT_WORKLOADS, SUBPROCESS_WORKLOADS, WORKLOADS, get_workload
+from benchmarks.population import measure_population
+from benchmarks.workloads import (
+    DEFAULT_WORKLOADS,
+    POPULATION_WORKLOADS,
+    SUBPROCESS_WORKLOADS,
+    WORKLOADS,
+    get_workload,
+)
 from marl_runner.policy.torch_utils import limit_inference_threads
 
 SCHEMA_VERSION = 1
@@ -121,6 +128,12 @@ def _add_report_modes(parser: argparse.ArgumentParser) -> None:
         help="cProfile the runner on each workload; top functions by own time",
     )
     modes.add_argument(
+        "--population", action="store_true",
+        help=f"many agents per env ({', '.join(POPULATION_WORKLOADS)}, or those of them named), "
+        "sync and subprocess: agent steps/s and us per agent step of runner and bare loops "
+        "(numpy and torch forward), peak RSS beyond the build per batch, bytes per row",
+    )
+    modes.add_argument(
         "--all", action="store_true",
         help=" ".join(f"--{mode.replace('_', '-')}" for mode in ALL_MODES),
     )
@@ -171,10 +184,10 @@ def _add_timing_options(parser: argparse.ArgumentParser) -> None:
     )
     timing.add_argument("--seed", type=int, default=0, help="config seed (default 0)")
     timing.add_argument(
-        "--bare-forward", choices=BARE_FORWARDS, default="torch",
-        help="the bare loop's forward pass (throughput mode): torch, the yardstick the targets "
-        "are set against (default), or numpy, as the runner runs the built-in mlp on CPU: the "
-        "ratio then measures the runner's own bookkeeping alone",
+        "--bare-forward", choices=BARE_FORWARDS, default="numpy",
+        help="the bare loop's forward pass (throughput mode): numpy (default), as the runner "
+        "runs the built-in mlp on CPU, so the ratio measures the runner's own work and the "
+        "targets are set against it; or torch (a torch module call per policy and round)",
     )
     timing.add_argument(
         "--torch-threads", type=int, default=1, metavar="N",
@@ -331,7 +344,7 @@ def _measure(
     args: argparse.Namespace, names: list[str], settings: Settings, progress: Progress
 ) -> dict[str, Any]:
     """The report's sections for the modes asked for (``--throughput`` when none is)."""
-    chosen = {mode for mode in ALL_MODES + ("profile",) if getattr(args, mode)}
+    chosen = {mode for mode in ALL_MODES + ("profile", "population") if getattr(args, mode)}
     if args.all:
         chosen |= set(ALL_MODES)
     sections: dict[str, Any] = {}
@@ -368,6 +381,11 @@ def _measure(
         sections["slow_sub_env"] = slow_sub_env(
             duration_s=SMOKE_WINDOW_S if settings.smoke else settings.duration_s,
             warmup_s=settings.warmup_s, **smoke,
+        )
+    if "population" in chosen:
+        sections["population"] = measure_population(
+            _named_among(names, POPULATION_WORKLOADS), settings,
+            num_workers=args.num_workers or 2, progress=progress,
         )
     if "profile" in chosen:
         sections["profiles"] = [

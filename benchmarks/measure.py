@@ -42,11 +42,11 @@ class Settings:
     torch_threads: int = 1
     smoke: bool = False
     #: The bare loop's forward pass (bare_loop.BARE_FORWARDS).
-    bare_forward: str = "torch"
+    bare_forward: str = "numpy"
 
     @classmethod
     def for_smoke(
-        cls, seed: int = 0, torch_threads: int = 1, bare_forward: str = "torch"
+        cls, seed: int = 0, torch_threads: int = 1, bare_forward: str = "numpy"
     ) -> Settings:
         """One short window each: checks that everything runs, measures nothing useful."""
         return cls(
@@ -173,7 +173,7 @@ def compare_workload(
         runner.stop()
         bare.stop()
     runner_rates = [w.agent_steps_per_s for w in runner_windows]
-    target = workload.target_ratio if settings.bare_forward == "torch" else None
+    target = workload.target_ratio if settings.bare_forward == "numpy" else None
     runner_median, bare_median = _median(runner_rates), _median(bare_rates)
     ratio = runner_median / bare_median if bare_median > 0 else float("nan")
     last_bare = bare_windows[-1]
@@ -212,7 +212,7 @@ def compare_workload(
             "perf": last_bare.perf_ms(),
         },
         "ratio": ratio,
-        # The targets are set against the torch bare loop; against the numpy one there are none.
+        # The targets are set against the numpy bare loop; against the torch one there are none.
         "target_ratio": target,
         "meets_target": None if target is None else bool(ratio >= target),
         "runner_max_rss_mb": max(w.max_rss_mb for w in runner_windows),

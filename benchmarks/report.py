@@ -289,6 +289,28 @@ def profile_table(result: dict[str, Any], key: str = "top") -> Table:
     return table
 
 
+def population_table(rows: list[dict[str, Any]]) -> Table:
+    """``--population``: runner and bare loops per workload and vector env, and memory."""
+    table = Table(title="Populations: runner vs bare loop (numpy and torch forward)")
+    for column in (
+        "workload", "vectorize", "runner steps/s", "us/step runner", "us/step bare numpy",
+        "us/step bare torch", "ratio (numpy)", "ratio (torch)", "target", "peak RSS/batch",
+        "bytes/row",
+    ):
+        table.add_column(column, justify="left" if column in ("workload", "vectorize") else "right")
+    for row in rows:
+        us, memory = row["us_per_agent_step"], row["memory"]
+        target = row["target_ratio"]
+        table.add_row(
+            row["name"], row["vectorize"], f"{row['agent_steps_per_s']['runner']:,.0f}",
+            f"{us.get('runner', float('nan')):.2f}", f"{us.get('numpy', float('nan')):.2f}",
+            f"{us.get('torch', float('nan')):.2f}", f"{row['ratio_numpy']:.2f}",
+            f"{row['ratio_torch']:.2f}", "-" if target is None else f">= {target:.2f}",
+            f"{memory['peak_beyond_build_per_batch']:.2f}x", f"{memory['bytes_per_row']:,.0f}",
+        )
+    return table
+
+
 def print_report(console: Console, report: dict[str, Any]) -> None:
     """Every table the report has data for."""
     rows = report.get("workloads") or []
@@ -305,6 +327,8 @@ def print_report(console: Console, report: dict[str, Any]) -> None:
         console.print(process_round_times_table(report["process_speedup"]))
     if report.get("slow_sub_env"):
         console.print(slow_sub_env_table(report["slow_sub_env"]))
+    if report.get("population"):
+        console.print(population_table(report["population"]))
     for result in report.get("profiles") or []:
         console.print(profile_table(result, "top"))
         console.print(profile_table(result, "top_runner_code"))

@@ -57,15 +57,32 @@ def test_smoke_throughput_covers_every_workload(capsys: pytest.CaptureFixture[st
         assert row["vectorize"] == "sync"
 
 
-def test_smoke_against_a_numpy_bare_loop_has_no_targets(
+def test_smoke_against_a_torch_bare_loop_has_no_targets(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    report = _run(capsys, "--bare-forward", "numpy", "cheap", "connect_four")
+    report = _run(capsys, "--bare-forward", "torch", "cheap", "connect_four")
 
-    assert report["meta"]["bare_forward"] == "numpy"
+    assert report["meta"]["bare_forward"] == "torch"
     for row in report["workloads"]:
         assert _positive(row["bare"]["agent_steps_per_s"]) and _positive(row["ratio"])
         assert row["target_ratio"] is None and row["meets_target"] is None
+
+
+def test_smoke_population_reports_both_bare_loops_and_memory_per_batch(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    report = _run(capsys, "--population", "cheap512")
+    assert [(row["name"], row["vectorize"]) for row in report["population"]] == [
+        ("cheap512", "sync"), ("cheap512", "subprocess"),
+    ]
+    for row in report["population"]:
+        assert set(row["agent_steps_per_s"]) == {"runner", "numpy", "torch"}
+        assert all(_positive(rate) for rate in row["agent_steps_per_s"].values())
+        assert all(_positive(us) for us in row["us_per_agent_step"].values())
+        memory = row["memory"]
+        # 16 float32 obs, new_obs: 128 bytes of the row; the other columns add the rest.
+        assert 128 < memory["bytes_per_row"] < 400
+        assert memory["batch_mb"] > 0 and memory["rows_per_batch"] > 0
 
 
 def test_the_numpy_bare_loop_acts_like_the_torch_one() -> None:
