@@ -383,3 +383,32 @@ def test_image_shaped_boxes(space: gym.Space, image: bool) -> None:
     from marl_runner.cli.validate import is_image_shaped
 
     assert is_image_shaped(space) is image
+
+
+BATTLE = {
+    "env": {
+        "name": "magent2.environments.battle_v4:parallel_env",
+        "config": {"map_size": 45, "max_cycles": 200},
+        "api": "parallel",
+    },
+    "policies": {"red": {}, "blue": {}},
+    "policy_mapping_fn": {"red_*": "red", "blue_*": "blue"},
+}
+
+
+def test_many_agents_are_grouped_by_policy_and_verbose_lists_them_all(
+    tmp_path, capsys, monkeypatch
+):
+    """MAgent2 battle: 162 agents were 170 lines, one table row each."""
+    pytest.importorskip("magent2")
+    monkeypatch.setenv("COLUMNS", "200")  # rows unwrapped, as in a wide terminal
+    path = tmp_path / "battle.yaml"
+    path.write_text(yaml.safe_dump(BATTLE))
+    assert main(["validate", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert len(out.splitlines()) <= 40
+    assert "red_0 … red_80 (81 agents)" in out and "blue_0 … blue_80 (81 agents)" in out
+    assert out.count("Discrete(21)") == 2  # each policy's spaces once
+    assert main(["validate", str(path), "--verbose"]) == 0
+    verbose = capsys.readouterr().out
+    assert all(f"{team}_{i} " in verbose for team in ("red", "blue") for i in range(81))

@@ -35,16 +35,24 @@ from marl_runner.envs.pettingzoo_wrappers import AECPettingZooEnv
 from marl_runner.envs.vector_backends import vector_backend
 from marl_runner.io.safe_files import memory_limit_bytes
 
-__all__ = ["add_validate_parser", "image_model_warnings", "is_image_shaped", "run_validate"]
+__all__ = [
+    "add_validate_parser",
+    "group_rows",
+    "image_model_warnings",
+    "is_image_shaped",
+    "run_validate",
+]
 
 #: Image channels, and the least height and width, of an observation that looks like a picture.
 IMAGE_CHANNELS = (1, 3, 4)
 MIN_IMAGE_SIDE = 32
+#: With more agents than this, agents of one policy sharing their spaces are one table row.
+GROUP_ABOVE = 20
 
 
 def add_validate_parser(commands: Any, common: argparse.ArgumentParser) -> None:
     """Registers ``validate`` (``common``: config, --set, --traceback)."""
-    commands.add_parser(
+    validate = commands.add_parser(
         "validate",
         parents=[common],
         help="check a config: build everything sample builds, without stepping, and show "
@@ -55,6 +63,12 @@ def add_validate_parser(commands: Any, common: argparse.ArgumentParser) -> None:
         "agents sharing a policy share spaces that fit it. Rejects exactly what sample rejects "
         "when it starts, with the same exit code (2) and message. Warns when image "
         "observations feed a model that flattens them (mlp, lstm).",
+    )
+    validate.add_argument(
+        "--verbose",
+        action="store_true",
+        help=f"list every agent; by default, with more than {GROUP_ABOVE} agents, the agents "
+        "of a policy that share their spaces are one row",
     )
 
 
@@ -91,7 +105,7 @@ def run_validate(args: argparse.Namespace) -> int:
         highlight=False,
         soft_wrap=True,
     )
-    console.print(spaces_table(rows))
+    console.print(spaces_table(rows if args.verbose else group_rows(rows)))
     for policy_id in unused_policies:
         console.print(
             f"note: policy {policy_id!r} has no agent among the env's possible agents",
@@ -102,7 +116,7 @@ def run_validate(args: argparse.Namespace) -> int:
     for warning in warnings:
         console.print(f"warning: {warning}", highlight=False, soft_wrap=True, markup=False)
     console.print(
-        f"memory: one batch takes at least {format_bytes(memory.total_bytes)} per runner "
+        f"memory: one batch takes about {format_bytes(memory.total_bytes)} per runner "
         f"({memory.describe()}); this process may use {format_bytes(memory_limit_bytes())}",
         highlight=False,
         soft_wrap=True,
@@ -151,6 +165,23 @@ def _map_agents(
     ]
     used = set(policy_of.values())
     return rows, [pid for pid in runner.config.policies if pid not in used]
+
+
+def group_rows(rows: list[tuple[str, str, str, str]]) -> list[tuple[str, str, str, str]]:
+    """With more than ``GROUP_ABOVE`` agents, one row per (policy, obs space, action space):
+    ``red_0 … red_80 (81 agents)``; the rows as they are otherwise."""
+    if len(rows) <= GROUP_ABOVE:
+        return rows
+    groups: dict[tuple[str, str, str], list[str]] = {}
+    for agent, *rest in rows:
+        groups.setdefault(tuple(rest), []).append(agent)  # type: ignore[arg-type]
+    return [
+        (
+            agents[0] if len(agents) == 1 else f"{agents[0]} … {agents[-1]} ({len(agents)} agents)",
+            *key,
+        )
+        for key, agents in groups.items()
+    ]
 
 
 def is_image_shaped(space: gym.Space) -> bool:

@@ -7,9 +7,9 @@ its obs, next obs, action and the bookkeeping columns. ``num_envs:
 and then grows until the machine runs out; ``check_batch_memory`` refuses it
 first, naming the keys. ``validate`` and ``sample`` both call it.
 
-The figures are lower bounds (connectors and the policy add columns; infos,
-sub-envs and models are not counted), so a refusal never stops a run that
-would have fit.
+Rows are counted as the env makes them: every possible agent each step in a
+parallel env (fewer when agents die), one agent per step in a turn-taking
+one; connector columns, infos, the sub-envs and the models are not counted.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ BOOKKEEPING_ROW_BYTES = 4 + 4 + 1 + 1 + 4 * 8
 
 @dataclasses.dataclass(frozen=True)
 class BatchMemory:
-    """One runner's batch: rows and bytes per row, per policy (a lower bound)."""
+    """One runner's batch: rows and bytes per row, per policy."""
 
     num_envs: int
     fragment_length: int
@@ -108,7 +108,7 @@ def check_batch_memory(estimate: BatchMemory, limit_bytes: int) -> None:
         return
     raise ConfigError(
         None,
-        f"one batch needs at least {format_bytes(estimate.total_bytes)} (num_envs "
+        f"one batch needs about {format_bytes(estimate.total_bytes)} (num_envs "
         f"{estimate.num_envs:,} x rollout_fragment_length {estimate.fragment_length:,}; "
         f"{estimate.describe()}), more than the {format_bytes(limit_bytes)} this process may "
         "use; lower num_envs or rollout_fragment_length",
