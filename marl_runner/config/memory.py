@@ -47,6 +47,7 @@ class BatchMemory:
 
     @property
     def total_bytes(self) -> int:
+        """Bytes of the whole batch: what is compared with the memory limit."""
         return sum(self.rows[pid] * self.row_bytes[pid] for pid in self.rows)
 
     def describe(self) -> str:
