@@ -43,10 +43,12 @@ if str(REPO) not in sys.path:  # run as a script: make `examples.*` importable
 from examples.selfplay_connect_four import (  # noqa: E402
     SEATS,
     WinRatePlot,
+    bot_opponent,
     build_parser,
     finish_args,
     finish_run,
     make_learner,
+    vs_bot_during_training,
     vs_random_during_training,
 )
 from examples.train_ppo import (  # noqa: E402
@@ -58,13 +60,14 @@ from examples.train_ppo import (  # noqa: E402
     ppo_update,
     require_matplotlib,
 )
-from marl_runner import Callbacks, EnvRunner, RunnerConfig, TorchPolicy  # noqa: E402
+from marl_runner import Callbacks, EnvRunner, RunnerConfig, TorchPolicy, save_checkpoint  # noqa: E402
 
 LEARNER = "learner"
+BOT = "bot"  # the 1-ply bot's policy id, with --bot-share
 PROGRESS_FIELDS = (  # progress.csv's columns, a row per iteration
-    "iteration", "env_steps", "wall_s", "sps", "learner_rows", "lr",
+    "iteration", "env_steps", "wall_s", "sps", "sample_s", "train_s", "learner_rows", "lr",
     "pool_win", "pool_draw", "pool_loss", "pool_games", "pool_size", "pool_oldest", "pool_newest",
-    "vs_random_win", *STAT_KEYS,
+    "bot_win", "bot_games", "vs_random_win", "vs_bot_win", *STAT_KEYS,
 )  # fmt: skip
 IterationHook = Callable[[int, EnvRunner, list[str], TorchPolicy], None]
 
@@ -84,7 +87,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=4,
         help="most snapshots kept in the pool; adding one more removes the oldest",
     )
+    parser.add_argument(
+        "--bot-share",
+        type=float,
+        default=0.0,
+        help="share of the games in which the learner meets the 1-ply bot of "
+        "examples/connect_four_bots.py instead of a snapshot",
+    )
+    parser.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=0,
+        help="also save a runner checkpoint every this many iterations (0: only final.ckpt)",
+    )
     args = finish_args(parser, argv)
+    if not 0.0 <= args.bot_share <= 1.0:
+        parser.error(f"--bot-share {args.bot_share}: expected a share in [0, 1]")
+    if args.checkpoint_every < 0:
+        parser.error(f"--checkpoint-every {args.checkpoint_every}: expected an int >= 0")
     if args.smoke:
         args.snapshot_every, args.pool_size = 1, 2
     if args.snapshot_every < 1 or args.pool_size < 1:
@@ -102,11 +122,13 @@ class LeagueMatchmaker:
     agree. With an empty pool the learner plays itself. When the runner asks
     again for a game whose opponent was removed from the pool, the newest
     snapshot takes over that seat: every such game gets the same one, as the
-    runner requires of a removal (see ``EnvRunner.remove_policy``).
+    runner requires of a removal (see ``EnvRunner.remove_policy``). With ``bot_share``,
+    that share of the games is against the policy ``bot`` instead (never removed).
     """
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, bot_share: float = 0.0) -> None:
         self.pool: list[str] = []
+        self.bot_share = bot_share
         self._rng = np.random.default_rng(seed)
 
     def __call__(self, agent_id: str, episode: Any, **kwargs: Any) -> str:
@@ -114,8 +136,10 @@ class LeagueMatchmaker:
         if matchup is None:
             seat = SEATS[int(self._rng.integers(len(SEATS)))]
             opponent = self.pool[int(self._rng.integers(len(self.pool)))] if self.pool else LEARNER
+            if self.bot_share and self._rng.random() < self.bot_share:
+                opponent = BOT
             matchup = episode.user_data["league"] = {"learner_seat": seat, "opponent": opponent}
-        elif matchup["opponent"] not in (LEARNER, *self.pool):
+        elif matchup["opponent"] not in (LEARNER, BOT, *self.pool):
             matchup["opponent"] = self.pool[-1]
         return LEARNER if agent_id == matchup["learner_seat"] else matchup["opponent"]
 
@@ -130,10 +154,12 @@ class LeagueMatchmaker:
 
 
 class LeagueResults(Callbacks):
-    """The learner's result (+1, 0, -1) in each finished game against a snapshot."""
+    """The learner's result (+1, 0, -1) in each finished game against a snapshot, and apart
+    in each game against the bot."""
 
     def __init__(self) -> None:
         self.results: list[float] = []
+        self.bot_results: list[float] = []
 
     def on_episode_end(self, *, episode: Any, **kwargs: Any) -> None:
         matchup = episode.user_data.get("league")
@@ -142,10 +168,19 @@ class LeagueResults(Callbacks):
         (learner_reward,) = (
             reward for (_, pid), reward in episode.agent_rewards.items() if pid == LEARNER
         )
-        self.results.append(learner_reward)
+        (self.bot_results if matchup["opponent"] == BOT else self.results).append(learner_reward)
 
     def pop_rates(self) -> dict[str, float]:
-        """Win/draw/loss rates and games since the last call (NaN rates without games)."""
+        """Win/draw/loss rates against the pool and the win rate against the bot, with the
+        games of each since the last call (NaN rates without games)."""
+        bot_outcomes, self.bot_results = np.sign(self.bot_results), []
+        bot = {
+            "bot_win": float(np.mean(bot_outcomes > 0)) if len(bot_outcomes) else math.nan,
+            "bot_games": len(bot_outcomes),
+        }
+        return {**self._pool_rates(), **bot}
+
+    def _pool_rates(self) -> dict[str, float]:
         outcomes, self.results = np.sign(self.results), []
         if not len(outcomes):
             return {
@@ -163,12 +198,23 @@ class LeagueResults(Callbacks):
 
 
 def league_config(args: argparse.Namespace) -> RunnerConfig:
-    """The config's one policy, renamed ``learner``; GAE on (``make_config``)."""
+    """The config's one policy, renamed ``learner``; GAE on (``make_config``); with
+    ``--bot-share``, the 1-ply bot as policy ``bot``."""
     data = make_config(args).to_dict()
     if len(data["policies"]) != 1:
         raise ValueError(f"{args.config}: expected one policy, got {sorted(data['policies'])}")
     (spec,) = data["policies"].values()
-    data.update(policies={LEARNER: spec}, policy_mapping_fn=None)
+    policies = {LEARNER: spec}
+    if args.bot_share:
+        policies[BOT] = bot_opponent(args.seed)
+    data.update(policies=policies, policy_mapping_fn=None)
+    return RunnerConfig.from_dict(data)
+
+
+def learner_only(config: RunnerConfig) -> RunnerConfig:
+    """``config`` without the bot: the learner's policy alone."""
+    data = config.to_dict()
+    data["policies"] = {LEARNER: data["policies"][LEARNER]}
     return RunnerConfig.from_dict(data)
 
 
@@ -202,10 +248,12 @@ def main(
     args = parse_args(argv)
     require_matplotlib()
     config = league_config(args)
+    # The matches against RandomPolicy and the bot build their own runner from the learner alone.
+    match_config = learner_only(config)
     run_dir = make_run_dir(args.run_dir, "league")
     rng = np.random.default_rng(args.seed)
 
-    matchmaker = LeagueMatchmaker(args.seed)
+    matchmaker = LeagueMatchmaker(args.seed, args.bot_share)
     results = LeagueResults()
     with contextlib.ExitStack() as stack:
         runner = stack.enter_context(
@@ -223,8 +271,10 @@ def main(
             lr = annealed_lr(args, env_steps)
             optimizer.param_groups[0]["lr"] = lr
 
+            sample_start = time.perf_counter()
             batch = runner.sample(num_env_steps=args.steps_per_iteration)
             env_steps += batch.env_steps()
+            train_start = time.perf_counter()
             learner_rows = batch.policy_batches[LEARNER]  # snapshots' rows are not trained on
             stats = ppo_update(learner, optimizer, learner_rows, args, rng)
             runner.set_weights({LEARNER: learner.get_weights()})
@@ -238,27 +288,38 @@ def main(
                 "env_steps": env_steps,
                 "wall_s": round(now - start, 3),
                 "sps": round(env_steps / (now - start), 1),  # moves/s: sampling, training, matches
+                "sample_s": round(train_start - sample_start, 3),
+                "train_s": round(now - train_start, 3),
                 "learner_rows": len(learner_rows),
                 "lr": lr,
                 **results.pop_rates(),
                 **matchmaker.pool_columns(),
                 "vs_random_win": math.nan,
+                "vs_bot_win": vs_bot_during_training(match_config, args, learner, iteration),
                 **stats,
             }
-            match = vs_random_during_training(config, args, learner, iteration)
+            match = vs_random_during_training(match_config, args, learner, iteration)
             if match is not None:
                 row["vs_random_win"] = match["win"]
-            log.write(
-                row,
+            detail = (
                 f"vs pool: win {row['pool_win']:.2f} draw {row['pool_draw']:.2f} "
-                f"loss {row['pool_loss']:.2f} ({row['pool_games']} games)  pool {matchmaker.pool}",
+                f"loss {row['pool_loss']:.2f} ({row['pool_games']} games)  pool {matchmaker.pool}"
             )
+            if row["bot_games"]:
+                detail += f"  vs bot: win {row['bot_win']:.2f} ({row['bot_games']} games)"
+            if math.isfinite(row["vs_bot_win"]):
+                detail += f"  vs bot, greedy: win {row['vs_bot_win']:.2f}"
+            log.write(row, detail)
+            if args.checkpoint_every and iteration % args.checkpoint_every == 0:
+                save_checkpoint(runner, run_dir / "checkpoints" / f"iter_{iteration:05d}.ckpt")
             if on_iteration is not None:
                 on_iteration(iteration, runner, list(matchmaker.pool), learner)
+        save_checkpoint(runner, run_dir / "final.ckpt")
     train_wall_s = time.perf_counter() - start
 
     summary = {
         "config": str(args.config),
+        "bot_share": args.bot_share,
         "env_steps": env_steps,
         "iterations": iteration,
         "snapshots_added": snapshots + 1,
@@ -272,6 +333,8 @@ def main(
             "win % vs the pool": "pool_win",
             "loss % vs the pool": "pool_loss",
             f"win % vs RandomPolicy ({args.eval_games_during} games)": "vs_random_win",
+            f"win % vs 1-ply bot, greedy ({args.eval_bot_games_during} games)": "vs_bot_win",
+            "win % vs 1-ply bot, in training": "bot_win",
         },
         {
             "untrained vs RandomPolicy, sampled": "untrained_sampled",
@@ -280,7 +343,7 @@ def main(
         "Connect Four league: the learner against its pool of snapshots",
     )
     weights = (learner.get_weights(), untrained_weights)
-    return finish_run(config, args, weights, run_dir, log.rows, summary, plot)
+    return finish_run(match_config, args, weights, run_dir, log.rows, summary, plot)
 
 
 if __name__ == "__main__":

@@ -75,13 +75,14 @@ from marl_runner import (  # noqa: E402
     save_checkpoint,
 )
 from marl_runner.metrics_log import plot_learning_curve  # noqa: E402
+from examples.connect_four_bots import BOT  # noqa: E402
 
 CONFIG = REPO / "examples" / "configs" / "connect_four_selfplay.yaml"
 SEATS = ("player_0", "player_1")
 OUTCOMES = ("win", "draw", "loss")
 PROGRESS_FIELDS = (  # progress.csv's columns, a row per iteration
     "iteration", "env_steps", "games", "wall_s", "sps", "sample_s", "train_s",
-    "episode_len_mean", "lr", *STAT_KEYS, "vs_random_win", "vs_random_loss",
+    "episode_len_mean", "lr", *STAT_KEYS, "vs_random_win", "vs_random_loss", "vs_bot_win",
 )  # fmt: skip
 
 
@@ -129,6 +130,20 @@ def build_parser(description: str, run_name: str = "selfplay") -> argparse.Argum
         help="games of the final match against RandomPolicy (half in each seat)",
     )
     parser.add_argument(
+        "--eval-bot-games",
+        type=int,
+        default=400,
+        help="games of the final matches against the 1-ply bot of examples/connect_four_bots.py "
+        "(half in each seat; 0: none)",
+    )
+    parser.add_argument(
+        "--eval-bot-games-during",
+        type=int,
+        default=0,
+        help="every --eval-every iterations, also this many greedy-move games against the "
+        "1-ply bot (half in each seat; 0: none)",
+    )
+    parser.add_argument(
         "--run-dir",
         type=Path,
         default=None,
@@ -154,10 +169,16 @@ def finish_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argp
     if args.smoke:
         args.num_envs, args.total_env_steps, args.steps_per_iteration = 4, 300, 100
         args.eval_every, args.eval_games_during, args.eval_games = 2, 4, 8
+        args.eval_bot_games, args.eval_bot_games_during = 8, min(args.eval_bot_games_during, 4)
     for flag in ("total_env_steps", "steps_per_iteration", "eval_games_during", "eval_games"):
         if getattr(args, flag) < 2:
             parser.error(
                 f"--{flag.replace('_', '-')} must be at least 2, got {getattr(args, flag)}"
+            )
+    for flag in ("eval_bot_games", "eval_bot_games_during"):
+        if getattr(args, flag) == 1 or getattr(args, flag) < 0:
+            parser.error(
+                f"--{flag.replace('_', '-')} must be 0 or at least 2, got {getattr(args, flag)}"
             )
     check_ppo_arguments(parser, args)
     return args
@@ -223,29 +244,44 @@ def seat_mapping(seat: str, policy_id: str, opponent_id: str) -> Callable[..., s
     return mapping
 
 
-def play_vs_random(
-    config: RunnerConfig, weights: dict[str, Any], games: int, seat: str, explore: bool, seed: int
-) -> dict[str, Any]:
-    """``weights`` (one TorchPolicy's) in ``seat`` against RandomPolicy for ``games`` games.
+RANDOM_OPPONENT: dict[str, Any] = {"policy_class": "RandomPolicy"}
 
-    Returns the win/draw/loss rates, the games played and the rows whose mask was checked.
+
+def play_vs(
+    config: RunnerConfig,
+    weights: dict[str, Any],
+    games: int,
+    seat: str,
+    explore: bool,
+    seed: int,
+    opponent: dict[str, Any] | None = None,
+    player: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """``weights`` (one policy's) in ``seat`` against ``opponent`` for ``games`` games.
+
+    ``player`` is the policy spec the weights belong to (default: the config's one policy),
+    ``opponent`` a policy spec (default: RandomPolicy; ``examples.connect_four_bots`` has a
+    1-ply bot). Returns the win/draw/loss rates, the games played and the rows whose mask
+    was checked.
     """
     data = config.to_dict()
-    (spec,) = data["policies"].values()
-    spec = {**spec, "config": {k: v for k, v in (spec.get("config") or {}).items() if k != "gae"}}
+    if player is None:
+        (player,) = data["policies"].values()
+    config_of = player.get("config") or {}
+    player = {**player, "config": {k: v for k, v in config_of.items() if k != "gae"}}
     num_envs = min(games, data["num_envs"])
     data.update(
         num_envs=num_envs,
         seed=seed,
         explore=explore,
         batch_mode="complete_episodes",
-        policies={"trained": spec, "random": {"policy_class": "RandomPolicy"}},
+        policies={"trained": player, "opponent": opponent or RANDOM_OPPONENT},
         policy_mapping_fn=None,
     )
     results = GameResults(
         "trained", [games // num_envs + (e < games % num_envs) for e in range(num_envs)]
     )
-    mapping = seat_mapping(seat, "trained", "random")
+    mapping = seat_mapping(seat, "trained", "opponent")
     rows_checked = 0
     with EnvRunner(
         RunnerConfig.from_dict(data), policy_mapping_fn=mapping, callbacks=results
@@ -265,12 +301,19 @@ def play_vs_random(
     }
 
 
-def match_vs_random(
-    config: RunnerConfig, weights: dict[str, Any], games: int, explore: bool, seed: int
+def match_vs(
+    config: RunnerConfig,
+    weights: dict[str, Any],
+    games: int,
+    explore: bool,
+    seed: int,
+    opponent: dict[str, Any] | None = None,
+    player: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """``games`` games against RandomPolicy, half in each seat: per-seat and overall rates."""
+    """``games`` games against ``opponent`` (default RandomPolicy), half in each seat:
+    per-seat and overall rates; ``play_vs`` says what the arguments are."""
     per_seat = {
-        seat: play_vs_random(config, weights, n, seat, explore, seed + i)
+        seat: play_vs(config, weights, n, seat, explore, seed + i, opponent, player)
         for i, (seat, n) in enumerate(zip(SEATS, (games - games // 2, games // 2)))
     }
     total = sum(r["games"] for r in per_seat.values())
@@ -288,21 +331,21 @@ def final_matches(
     discs in one column, which already beats a random player most of the time.
     """
     return {
-        f"{who}_{mode}": match_vs_random(config, weights, games, mode == "sampled", seed)
+        f"{who}_{mode}": match_vs(config, weights, games, mode == "sampled", seed)
         for who, weights in (("trained", trained), ("untrained", untrained))
         for mode in ("greedy", "sampled")
     }
 
 
-def print_matches(matches: dict[str, dict[str, Any]]) -> None:
-    """One line per match: overall and per-seat win/draw/loss rates."""
+def print_matches(matches: dict[str, dict[str, Any]], opponent: str = "RandomPolicy") -> None:
+    """One line per match against ``opponent``: overall and per-seat win/draw/loss rates."""
     for name, match in matches.items():
         seats = "  ".join(
             f"as {seat}: {r['win']:.3f}/{r['draw']:.3f}/{r['loss']:.3f}"
             for seat, r in match["per_seat"].items()
         )
         print(
-            f"{name:17s} vs RandomPolicy, win/draw/loss over {match['games']} games: "
+            f"{name:17s} vs {opponent}, win/draw/loss over {match['games']} games: "
             f"{match['win']:.3f}/{match['draw']:.3f}/{match['loss']:.3f}  ({seats})"
         )
     print("every move of every match was allowed by its action mask")
@@ -358,13 +401,48 @@ def vs_random_during_training(
     RandomPolicy (seeded per iteration); None in between or with ``--eval-every 0``."""
     if not args.eval_every or iteration % args.eval_every:
         return None
-    return match_vs_random(
+    return match_vs(
         config,
         learner.get_weights(),
         args.eval_games_during,
         explore=True,
         seed=args.seed + 1000 * iteration,
     )
+
+
+def bot_opponent(seed: int) -> dict[str, Any]:
+    """The policy spec of the 1-ply bot (``examples.connect_four_bots``), its moves seeded."""
+    return {"policy_class": BOT, "config": {"seed": seed}}
+
+
+def vs_bot_during_training(
+    config: RunnerConfig, args: argparse.Namespace, learner: TorchPolicy, iteration: int
+) -> float:
+    """Every ``--eval-every`` iterations, the win rate of ``--eval-bot-games-during``
+    greedy-move games against the 1-ply bot; NaN in between or when those flags are 0."""
+    if not (args.eval_every and args.eval_bot_games_during) or iteration % args.eval_every:
+        return math.nan
+    seed = args.seed + 1000 * iteration + 500
+    match = match_vs(
+        config, learner.get_weights(), args.eval_bot_games_during, False, seed, bot_opponent(seed)
+    )
+    return match["win"]
+
+
+def bot_matches(
+    config: RunnerConfig, trained: dict[str, Any], untrained: dict[str, Any], games: int, seed: int
+) -> dict[str, dict[str, Any]]:
+    """The trained weights against the 1-ply bot, greedy and sampled, and the untrained
+    ones greedy; same games and seeds for all three (none with ``games`` 0)."""
+    if not games:
+        return {}
+    plays = (("trained", trained, False), ("trained", trained, True), ("untrained", untrained, False))
+    return {
+        f"{who}_{'sampled' if explore else 'greedy'}": match_vs(
+            config, weights, games, explore, seed, bot_opponent(seed)
+        )
+        for who, weights, explore in plays
+    }
 
 
 def finish_run(
@@ -377,11 +455,15 @@ def finish_run(
     plot: WinRatePlot,
 ) -> dict[str, Any]:
     """The run's tail, shared with the league: the final matches of the (trained, untrained)
-    ``weights`` against RandomPolicy, ``summary`` plus them as summary.json (written before
-    the plot), the win-rate plot, the summary printed; returns the summary."""
+    ``weights`` against RandomPolicy and against the 1-ply bot, ``summary`` plus them as
+    summary.json (written before the plot), the win-rate plot, the summary printed;
+    returns the summary."""
     final = final_matches(config, *weights, args.eval_games, args.seed + 10_000)
     print_matches(final)
-    summary = {**summary, "vs_random": final}
+    vs_bot = bot_matches(config, *weights, args.eval_bot_games, args.seed + 20_000)
+    if vs_bot:
+        print_matches(vs_bot, "1-ply bot")
+    summary = {**summary, "vs_random": final, "vs_bot": vs_bot}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     baselines = {label: final[match]["win"] for label, match in plot.baselines.items()}
     plot_win_rates(rows, run_dir / plot.file_name, plot.lines, baselines, title=plot.title)
@@ -452,12 +534,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 **stats,
                 "vs_random_win": math.nan,
                 "vs_random_loss": math.nan,
+                "vs_bot_win": vs_bot_during_training(config, args, learner, iteration),
             }
             detail = f"game length {row['episode_len_mean']:5.1f}  entropy {stats['entropy']:.3f}"
             match = vs_random_during_training(config, args, learner, iteration)
             if match is not None:
                 row["vs_random_win"], row["vs_random_loss"] = match["win"], match["loss"]
                 detail += f"  vs random: win {match['win']:.2f}"
+            if math.isfinite(row["vs_bot_win"]):
+                detail += f"  vs 1-ply bot: win {row['vs_bot_win']:.2f}"
             log.write(row, detail)
         save_checkpoint(runner, run_dir / "final.ckpt")
     train_wall_s = time.perf_counter() - start
@@ -472,13 +557,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     plot = WinRatePlot(
         "learning_curve.png",
-        {f"sampled moves, {args.eval_games_during} games": "vs_random_win"},
+        {
+            f"vs RandomPolicy, sampled moves, {args.eval_games_during} games": "vs_random_win",
+            f"vs 1-ply bot, greedy moves, {args.eval_bot_games_during} games": "vs_bot_win",
+        },
         {
             f"{who}, {mode}": f"{who}_{mode}"
             for who in ("untrained", "trained")
             for mode in ("sampled", "greedy")
         },
-        "Connect Four self-play PPO: win % against RandomPolicy",
+        "Connect Four self-play PPO: win %",
     )
     weights = (learner.get_weights(), untrained_weights)
     return finish_run(config, args, weights, run_dir, log.rows, summary, plot)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import math
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -61,6 +62,44 @@ from marl_runner.policy.gae import compute_gae  # noqa: E402
 CRITIC_HIDDEN = (64, 64)
 
 
+class ValueNorm:
+    """Running mean and std of the value targets: the critic learns them standardised.
+
+    Returns on simple_spread are tens of units; unscaled, the value loss dwarfs the policy
+    loss in the one clipped gradient. The critic outputs standardised values, GAE runs on
+    them mapped back (``denormalize``), and the targets it regresses on are standardised
+    with the statistics updated by each batch (the MAPPO paper's ValueNorm). Statistics
+    are exponential moving averages with a bias correction, so early batches count fully.
+    """
+
+    def __init__(self, beta: float = 0.99, epsilon: float = 1e-5) -> None:
+        self.beta, self.epsilon = beta, epsilon
+        self.mean = self.mean_sq = self.debias = 0.0
+
+    def update(self, targets: np.ndarray) -> None:
+        """Folds one batch of targets into the running statistics."""
+        targets = np.asarray(targets, np.float64)
+        self.mean = self.beta * self.mean + (1 - self.beta) * float(targets.mean())
+        self.mean_sq = self.beta * self.mean_sq + (1 - self.beta) * float(np.square(targets).mean())
+        self.debias = self.beta * self.debias + (1 - self.beta)
+
+    def stats(self) -> tuple[float, float]:
+        """(mean, std); (0, 1) before the first update."""
+        if self.debias == 0:
+            return 0.0, 1.0
+        mean = self.mean / self.debias
+        var = max(self.mean_sq / self.debias - mean**2, 0.0)
+        return mean, math.sqrt(var) + self.epsilon
+
+    def normalize(self, values: np.ndarray) -> np.ndarray:
+        mean, std = self.stats()
+        return ((np.asarray(values) - mean) / std).astype(np.float32)
+
+    def denormalize(self, values: np.ndarray) -> np.ndarray:
+        mean, std = self.stats()
+        return (np.asarray(values) * std + mean).astype(np.float32)
+
+
 class CentralCriticLearner:
     """A policy's actor plus a critic on the global state: what ``ppo_update`` steps.
 
@@ -68,10 +107,17 @@ class CentralCriticLearner:
     and the critic's values; ``parameters`` covers both networks.
     """
 
-    def __init__(self, actor: TorchPolicy, state_dim: int, num_agents: int) -> None:
+    def __init__(
+        self,
+        actor: TorchPolicy,
+        state_dim: int,
+        num_agents: int,
+        value_norm: ValueNorm | None = None,
+    ) -> None:
         self.actor = actor
         self.device = actor.device
         self.num_agents = num_agents
+        self.value_norm = value_norm  # None: the critic learns the returns as they are
         layers: list[nn.Module] = []
         width = state_dim + num_agents
         for hidden in CRITIC_HIDDEN:
@@ -116,14 +162,18 @@ def make_mappo_config(args: argparse.Namespace) -> RunnerConfig:
     return RunnerConfig.from_dict(data)
 
 
-def trajectory_bounds(batch: SampleBatch) -> list[tuple[int, int]]:
-    """``(start, stop)`` of each run of one agent's consecutive steps (rows come grouped per
-    trajectory and in time order, as the runner builds them)."""
+def trajectory_rows(batch: SampleBatch) -> list[np.ndarray]:
+    """The row indices of each run of one agent's consecutive steps, in time order.
+
+    Makes no assumption on the batch's row order (the runner stores rows of many
+    trajectories interleaved, step by step): rows are sorted by episode, agent and
+    ``t``, and cut wherever one of them changes or ``t`` skips.
+    """
     eps, agent, t = (np.asarray(batch[k]) for k in ("eps_id", "agent_index", "t"))
+    order = np.lexsort((t, agent, eps))
+    eps, agent, t = eps[order], agent[order], t[order]
     cut = (eps[1:] != eps[:-1]) | (agent[1:] != agent[:-1]) | (t[1:] != t[:-1] + 1)
-    starts = np.concatenate([[0], np.flatnonzero(cut) + 1])
-    stops = np.append(starts[1:], len(t))
-    return list(zip(starts.tolist(), stops.tolist()))
+    return np.split(order, np.flatnonzero(cut) + 1) if len(order) else []
 
 
 def central_gae(
@@ -133,18 +183,28 @@ def central_gae(
 
     A trajectory that ends terminated is worth 0 after it; one cut by the fragment or
     truncated by a time limit is bootstrapped from the critic's value of ``new_env_state``.
+    With the learner's ``value_norm``, GAE runs on the critic's values mapped back to
+    returns, and ``vf_preds`` and ``value_targets`` are stored standardised (what the
+    critic regresses on), after the batch's targets updated the statistics.
     """
     with torch.no_grad():
         values = learner.values(batch).cpu().numpy()
         next_values = learner.values(batch, "new_env_state").cpu().numpy()
+    norm = learner.value_norm
+    if norm is not None:
+        values, next_values = norm.denormalize(values), norm.denormalize(next_values)
     advantages = np.zeros(len(values), np.float32)
     targets = np.zeros(len(values), np.float32)
     rewards, terminateds = np.asarray(batch["rewards"]), np.asarray(batch["terminateds"])
-    for start, stop in trajectory_bounds(batch):
-        last_value = 0.0 if terminateds[stop - 1] else float(next_values[stop - 1])
-        advantages[start:stop], targets[start:stop] = compute_gae(
-            rewards[start:stop], values[start:stop], last_value, args.gamma, args.gae_lambda
+    for rows in trajectory_rows(batch):
+        last = rows[-1]
+        last_value = 0.0 if terminateds[last] else float(next_values[last])
+        advantages[rows], targets[rows] = compute_gae(
+            rewards[rows], values[rows], last_value, args.gamma, args.gae_lambda
         )
+    if norm is not None:
+        norm.update(targets)
+        values, targets = norm.normalize(values), norm.normalize(targets)
     batch["vf_preds"], batch["advantages"], batch["value_targets"] = values, advantages, targets
 
 
@@ -158,7 +218,12 @@ def make_central_learners(
     num_agents = len(runner.env.possible_agents)
     torch.manual_seed(args.seed)
     learners = {
-        pid: CentralCriticLearner(actor, int(np.prod(state.shape[1:])), num_agents)
+        pid: CentralCriticLearner(
+            actor,
+            int(np.prod(state.shape[1:])),
+            num_agents,
+            ValueNorm() if args.value_norm else None,
+        )
         for pid, actor in actors.items()
     }
     optimizers = {
@@ -185,7 +250,14 @@ MAPPO = Algorithm("mappo", make_central_learners, mappo_update, run_tag="-mappo"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    return finish_args(build_parser(__doc__.split("\n\n")[0], MAPPO.run_tag), argv)
+    parser = build_parser(__doc__.split("\n\n")[0], MAPPO.run_tag)
+    parser.add_argument(
+        "--value-norm",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="the critic learns standardised returns (running mean and std of the targets)",
+    )
+    return finish_args(parser, argv)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -571,6 +571,7 @@ def train(
     learners: dict[str, Any] = {}
     optimizers: dict[str, torch.optim.Optimizer] = {}
     env_steps = agent_steps = iteration = 0
+    sample_total = train_total = 0.0
     start = time.perf_counter()
     while env_steps < args.total_env_steps:
         iteration += 1
@@ -587,6 +588,8 @@ def train(
         stats = update_learners(algorithm, learners, optimizers, batch, lr, args, rng)
         send_weights(runner, group, learners)
         now = time.perf_counter()
+        sample_total += train_start - sample_start
+        train_total += now - train_start
 
         row = {
             "iteration": iteration,
@@ -617,6 +620,11 @@ def train(
         "iterations": iteration,
         "train_wall_s": round(wall_s, 1),
         "sps": round(env_steps / wall_s, 1),
+        # Where the time went: env steps/s of sampling alone and of learning alone.
+        "sample_s": round(sample_total, 1),
+        "learn_s": round(train_total, 1),
+        "sample_sps": round(env_steps / sample_total, 1),
+        "learn_sps": round(env_steps / train_total, 1),
     }
 
 

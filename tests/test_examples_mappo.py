@@ -81,7 +81,7 @@ def test_central_gae_bootstraps_from_new_env_state_unless_terminated() -> None:
     np.testing.assert_allclose(batch["value_targets"] - batch["advantages"], values, rtol=1e-5)
 
 
-def test_trajectory_bounds_cut_at_agent_episode_and_time_gaps() -> None:
+def test_trajectory_rows_cut_at_agent_episode_and_time_gaps_in_any_row_order() -> None:
     batch = SampleBatch(
         {
             "eps_id": np.array([1, 1, 1, 1, 2, 2]),
@@ -89,7 +89,72 @@ def test_trajectory_bounds_cut_at_agent_episode_and_time_gaps() -> None:
             "t": np.array([3, 4, 0, 1, 0, 2]),
         }
     )
-    assert train_mappo.trajectory_bounds(batch) == [(0, 2), (2, 4), (4, 5), (5, 6)]
+    expected = [[0, 1], [2, 3], [4], [5]]
+    assert [rows.tolist() for rows in train_mappo.trajectory_rows(batch)] == expected
+    # Step-major order, as the runner stores rows: the same trajectories, each in time order.
+    step_major = [2, 4, 0, 3, 1, 5]
+    shuffled = SampleBatch({k: v[step_major] for k, v in batch.items()})
+    runs = [np.asarray(step_major)[rows].tolist() for rows in train_mappo.trajectory_rows(shuffled)]
+    assert runs == expected
+
+
+@pytest.mark.timeout(60)
+def test_central_gae_follows_each_agent_through_a_real_interleaved_batch() -> None:
+    """A runner batch of simple_spread (rows of the three agents interleaved step by step):
+    each agent's advantages are GAE over its own rows in time order."""
+    args = train_mappo.parse_args(["--smoke"])
+    with EnvRunner(train_mappo.make_mappo_config(args)) as runner:
+        batch = runner.sample().policy_batches["shared"]
+    assert len(np.unique(batch["agent_index"][:3])) > 1  # interleaved, not grouped
+    actor = TorchPolicy(*runner.get_spaces()["shared"], {"seed": 0})
+    learner = train_mappo.CentralCriticLearner(actor, batch["env_state"].shape[1], 3)
+    train_mappo.central_gae(learner, batch, Namespace(gamma=0.99, gae_lambda=0.95))
+    with torch.no_grad():
+        values, next_values = learner.values(batch).numpy(), learner.values(batch, "new_env_state").numpy()
+    for eps_id, agent in {(e, a) for e, a in zip(batch["eps_id"], batch["agent_index"])}:
+        rows = np.flatnonzero((batch["eps_id"] == eps_id) & (batch["agent_index"] == agent))
+        rows = rows[np.argsort(batch["t"][rows])]
+        assert (np.diff(batch["t"][rows]) == 1).all()
+        last = 0.0 if batch["terminateds"][rows[-1]] else next_values[rows[-1]]
+        expected, _ = compute_gae(batch["rewards"][rows], values[rows], last, 0.99, 0.95)
+        np.testing.assert_allclose(batch["advantages"][rows], expected, rtol=1e-4, atol=1e-5)
+
+
+def test_value_norm_standardises_targets_and_gae_runs_on_returns() -> None:
+    """With a ValueNorm the critic's outputs are standardised values: GAE maps them back,
+    and the stored targets are the returns standardised by the updated statistics."""
+    rng = np.random.default_rng(1)
+    norm = train_mappo.ValueNorm()
+    assert norm.stats() == (0.0, 1.0)
+    returns = rng.normal(-40.0, 8.0, 1000)
+    norm.update(returns)
+    mean, std = norm.stats()
+    assert mean == pytest.approx(returns.mean()) and std == pytest.approx(returns.std(), rel=1e-4)
+    np.testing.assert_allclose(norm.denormalize(norm.normalize(returns)), returns, rtol=1e-5)
+
+    actor = TorchPolicy(gym.spaces.Box(-1, 1, (2,)), gym.spaces.Discrete(2), {"seed": 0})
+    torch.manual_seed(0)
+    learner = train_mappo.CentralCriticLearner(actor, 4, 1, train_mappo.ValueNorm())
+    learner.value_norm.update(returns)
+    batch = SampleBatch(
+        {
+            "eps_id": np.zeros(3, np.int64), "agent_index": np.zeros(3, np.int64),
+            "t": np.arange(3), "rewards": np.array([-2.0, -1.0, -3.0], np.float32),
+            "terminateds": np.array([False, False, True]),
+            "env_state": rng.normal(size=(3, 4)).astype(np.float32),
+            "new_env_state": rng.normal(size=(3, 4)).astype(np.float32),
+        }
+    )  # fmt: skip
+    with torch.no_grad():
+        raw = learner.values(batch).numpy()
+    values = norm.denormalize(raw)  # same statistics as the learner's before the batch
+    advantages, targets = compute_gae(batch["rewards"], values, 0.0, 0.9, 0.8)
+    train_mappo.central_gae(learner, batch, Namespace(gamma=0.9, gae_lambda=0.8))
+    np.testing.assert_allclose(batch["advantages"], advantages, rtol=1e-4)
+    np.testing.assert_allclose(
+        batch["value_targets"], learner.value_norm.normalize(targets), rtol=1e-4
+    )
+    assert learner.value_norm.stats() != (mean, std)  # the batch's targets were folded in
 
 
 def _fake_run(run_dir: Path, rewards: list[float], random: float) -> Path:
