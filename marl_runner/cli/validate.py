@@ -78,7 +78,7 @@ def run_validate(args: argparse.Namespace) -> int:
     check_imports(config)
     check_memory(config)  # before anything is built, as sample does
     try:
-        from marl_runner import EnvRunner  # imports torch
+        from marl_runner.sampling.runner import EnvRunner  # imports torch
     except ImportError as exc:
         raise CommandError(f"the runner cannot be loaded: {exc}", EXIT_FAILURE) from exc
     mapping = _RecordingMapping(config)

@@ -21,13 +21,13 @@ import json
 import os
 import re
 from collections.abc import Mapping
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from marl_runner import __version__
 from marl_runner.batch import MultiAgentBatch, SampleBatch, concat_samples
 from marl_runner.config import ConfigError, space_to_spec
 from marl_runner.io.atomic import fsync_directory, write_atomically
@@ -50,6 +50,8 @@ MANIFEST_FILE = re.compile(r"batch_(\d+)\.json")
 _POLICY_DIR = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
 _METADATA_KEYS = ("env", "spaces")
 COMPRESSIONS = ("zstd", "snappy", "gzip", "brotli", "lz4", "none")
+#: The marl-runner version that writes a file, recorded in its manifest and schema.
+PROJECT_VERSION = version("marl-runner")
 _MANIFEST_FIELDS = ("format", "version", "project_version", "env_steps", "agent_steps", "files")
 #: A manifest lists file names: a few KB. Larger is not a manifest.
 MAX_MANIFEST_BYTES = 1 << 20
@@ -110,7 +112,7 @@ def write_parquet_batch(
         content = {
             "format": FORMAT_NAME,
             "version": FORMAT_VERSION,
-            "project_version": __version__,
+            "project_version": PROJECT_VERSION,
             "env_steps": batch.env_steps(),
             "agent_steps": batch.agent_steps(),
             "files": files,
@@ -255,7 +257,7 @@ def _shared_metadata(metadata: Mapping[str, Any] | None) -> dict[bytes, bytes]:
     """Schema metadata every file of the batch carries."""
     shared = {
         b"marl_runner.format": f"{FORMAT_NAME}/{FORMAT_VERSION}".encode(),
-        b"marl_runner.version": __version__.encode(),
+        b"marl_runner.version": PROJECT_VERSION.encode(),
     }
     if metadata is None:
         return shared
