@@ -134,3 +134,14 @@ def test_the_controller_beats_random_on_the_same_episodes() -> None:
     # About -80 and -25 on average (docs/TRAINING.md); far apart on 16 episodes.
     assert rewards["scripted"].mean() > rewards["random"].mean() + 30, rewards
     assert rewards["scripted"].mean() > -40
+
+
+@pytest.mark.timeout(60)
+def test_the_spread_evaluation_scores_random_and_scripted_alike(tmp_path) -> None:
+    out = tmp_path / "eval.json"
+    results = scripted_spread.main(["--episodes", "6", "--out", str(out)])
+    assert set(results) == {"random", "scripted"}
+    for result in results.values():
+        assert result["episodes"] == 6 and result["std"] >= 0
+        assert result["sem"] == pytest.approx(result["std"] / 6**0.5, abs=0.01)
+    assert out.read_text().startswith("{")

@@ -207,3 +207,37 @@ def test_selfplay_without_periodic_matches_ends_without_a_curve(tmp_path, capsys
     assert rows and all(math.isnan(row["vs_random_win"]) for row in rows)
     assert json.loads((tmp_path / "summary.json").read_text()) == summary
     check_final_matches(summary["vs_random"], games=4)
+
+
+@pytest.mark.timeout(120)
+def test_league_with_the_bot_keeps_its_games_apart_and_measures_against_it(tmp_path) -> None:
+    """--bot-share: some games are against the 1-ply bot, counted apart from the pool's; the
+    final matches against the bot are greedy and sampled, half in each seat; the checkpoint
+    plays the bot again through examples/connect_four_bots.py."""
+    from examples import connect_four_bots
+
+    run_dir = tmp_path / "league-bot"
+    argv = ["--smoke", "--bot-share", "0.5", "--eval-bot-games-during", "4"]
+    summary = league_connect_four.main(argv + ["--checkpoint-every", "2", "--run-dir", str(run_dir)])
+    rows = read_progress_csv(run_dir / "progress.csv")
+    assert sum(row["bot_games"] for row in rows) > 0 and sum(row["pool_games"] for row in rows) > 0
+    for row in rows:
+        assert (row["bot_games"] > 0) == math.isfinite(row["bot_win"])
+    measured = [row["vs_bot_win"] for row in rows if math.isfinite(row["vs_bot_win"])]
+    assert measured and all(0.0 <= win <= 1.0 for win in measured)
+    assert set(summary["vs_bot"]) == {"trained_greedy", "trained_sampled", "untrained_greedy"}
+    for match in summary["vs_bot"].values():
+        check_rates(match, 8)
+        for seat in ("player_0", "player_1"):
+            check_rates(match["per_seat"][seat], 4)
+    check_final_matches(summary["vs_random"], games=8)
+    assert (run_dir / "checkpoints" / "iter_00002.ckpt").exists()
+
+    replay = connect_four_bots.main(["--games", "8", str(run_dir / "final.ckpt")])
+    check_rates(replay, 8)
+
+
+def test_a_bot_share_outside_zero_to_one_is_refused(capsys) -> None:
+    with pytest.raises(SystemExit):
+        league_connect_four.parse_args(["--bot-share", "1.5"])
+    assert "--bot-share 1.5: expected a share in [0, 1]" in capsys.readouterr().err
