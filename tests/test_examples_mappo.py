@@ -188,6 +188,23 @@ def test_compare_runs_draws_the_groups_and_lists_their_summaries(tmp_path: Path)
         compare_runs.main([f"IPPO={tmp_path / 'missing'}", "--out", str(out)])
 
 
+def test_compare_runs_draws_a_run_still_training_and_reference_lines(tmp_path: Path, capsys) -> None:
+    from examples import compare_runs
+
+    ended = _fake_run(tmp_path / "ended", [-80.0, -60.0], random=-90.0)
+    running = _fake_run(tmp_path / "running", [-75.0, -55.0, -45.0], random=-90.0)
+    (running / "summary.json").unlink()  # a run still training has no summary yet
+    out = tmp_path / "curves.png"
+    argv = [f"MAPPO={ended},{running}", "--out", str(out), "--hline", "scripted, greedy=-24.8"]
+    table = compare_runs.main(argv)
+    assert out.read_bytes().startswith(b"\x89PNG")
+    assert [row["run"] for row in table] == ["ended"]  # only ended runs have a summary row
+    assert compare_runs.parse_hlines(["a=b=-1.5"], None) == {"a=b": -1.5}
+    with pytest.raises(SystemExit):
+        compare_runs.main([f"MAPPO={ended}", "--out", str(out), "--hline", "scripted"])
+    assert "--hline 'scripted': expected LABEL=NUMBER" in capsys.readouterr().err
+
+
 def test_train_mappo_help_describes_mappo_and_its_run_dir(capsys) -> None:
     with pytest.raises(SystemExit):
         train_mappo.parse_args(["--help"])
