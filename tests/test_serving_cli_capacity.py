@@ -1,5 +1,5 @@
-"""`marl-runner serve --max-workers N --max-connections-per-client N --idle-timeout S
---request-timeout S --min-body-rate K` reach the server's worker pool."""
+"""`marl-runner serve --max-workers N --idle-timeout S --request-timeout S --min-body-rate K`
+reach the server's settings (concurrency limit, keep-alive timeout, body deadline)."""
 
 from __future__ import annotations
 
@@ -14,38 +14,34 @@ from marl_runner.serving import server as server_module
 CONFIG = Path(__file__).resolve().parents[1] / "examples" / "configs" / "serve_drones.yaml"
 
 
-def test_max_workers_and_idle_timeout_reach_the_worker_pool(monkeypatch, capsys):
+def test_the_capacity_flags_reach_the_server_settings(monkeypatch, capsys):
     built: list[Any] = []
 
     class Recorded(server_module.PolicyServer):
-        """Builds the real server, keeps its pool's settings, then refuses to serve."""
+        """Builds the real server, keeps its settings, then refuses to serve."""
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
-            httpd = self._httpd
-            built.append((httpd.max_workers, httpd.idle_timeout_s, httpd.request_timeout_s,
-                          httpd.min_body_rate, httpd.client_connections.max_per_client))
+            settings = self.settings
+            built.append((settings.max_concurrency, settings.idle_timeout_s,
+                          settings.request_timeout_s, settings.min_body_rate))
             self.close()
             raise OSError("recorded; not serving")
 
     monkeypatch.setattr(server_module, "PolicyServer", Recorded)
     code = main(["serve", str(CONFIG), "--port", "0", "--max-workers", "7", "--idle-timeout", "2.5",
-                 "--request-timeout", "3", "--min-body-rate", "16",
-                 "--max-connections-per-client", "5"])
+                 "--request-timeout", "3", "--min-body-rate", "16"])
     assert code == 2 and "recorded; not serving" in capsys.readouterr().err
     assert main(["serve", str(CONFIG), "--port", "0", "--set", "num_envs=40"]) == 2
     assert main(["serve", str(CONFIG), "--port", "0", "--set", "num_envs=60"]) == 2
-    # Without the flags: the defaults (2 x num_envs + 16 workers, 5 s, 10 s, 64 KiB/s, and
-    # 64 connections per client, or num_envs + 16 when that is more).
-    assert built == [(7, 2.5, 3.0, 16 * 1024, 5), (96, 5.0, 10.0, 64 * 1024, 64),
-                     (136, 5.0, 10.0, 64 * 1024, 76)]
+    # Without the flags: the defaults (2 x num_envs + 16 requests at once, 5 s, 10 s, 64 KiB/s).
+    assert built == [(7, 2.5, 3.0, 16 * 1024), (96, 5.0, 10.0, 64 * 1024),
+                     (136, 5.0, 10.0, 64 * 1024)]
 
 
 @pytest.mark.parametrize(
     "flag, value, expected",
     [("--max-workers", "0", "expected a positive integer, got 0"),
-     ("--max-connections-per-client", "0", "expected a positive integer, got 0"),
-     ("--max-connections-per-client", "-3", "expected a positive integer, got -3"),
      ("--idle-timeout", "0", "expected a number of seconds > 0, got 0"),
      ("--idle-timeout", "nan", "expected a number of seconds > 0, got nan"),
      ("--request-timeout", "-1", "expected a number of seconds > 0, got -1"),

@@ -39,17 +39,18 @@ def exchange(server: PolicyServer, length: bytes, body: bytes, sock=None) -> byt
 
 
 @pytest.mark.parametrize("length", [b"+2", b"0_2", b"\xb2"])
-def test_a_content_length_of_other_than_ascii_digits_gets_411(length):
+def test_a_content_length_of_other_than_ascii_digits_gets_400_before_the_body_is_read(length):
     with EnvRunner(serve_config()) as runner:
         server = PolicyServer(runner, "127.0.0.1", 0).start()
         try:
-            assert exchange(server, length, b"{}").split(b" ")[1] == b"411"
+            assert exchange(server, length, b"{}").split(b" ")[1] == b"400"
             assert exchange(server, b"2", b"{}").split(b" ")[1] == b"200"
         finally:
             server.close(timeout_s=0)
 
 
-def test_the_stopping_server_answers_503_whatever_the_content_length():
+@pytest.mark.parametrize("length", [b"2", b"99999999999"])
+def test_the_stopping_server_answers_503_whatever_the_content_length(length):
     with EnvRunner(serve_config()) as runner:
         server = PolicyServer(runner, "127.0.0.1", 0).start()
         kept_alive = http.client.HTTPConnection(*server.server_address_tuple(), timeout=10)
@@ -59,6 +60,7 @@ def test_the_stopping_server_answers_503_whatever_the_content_length():
             response.read()
             assert response.status == 200  # a worker now holds the connection
             server.close(timeout_s=0)
-            assert exchange(server, b"\xb2", b"{}", kept_alive.sock).split(b" ")[1] == b"503"
+            # Nothing is run: a 503, or the idle connection already closed by the shutdown.
+            assert exchange(server, length, b"{}", kept_alive.sock).split(b" ")[1:2] in ([b"503"], [])
         finally:
             kept_alive.close()

@@ -7,6 +7,7 @@ import io
 import json
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler
@@ -72,7 +73,7 @@ def test_a_stopping_server_reads_no_body_of_an_unauthorized_request(monkeypatch,
         # A long idle timeout: reading the body that never comes would outlast the client's wait.
         server = PolicyServer(runner, "127.0.0.1", 0, token="secret", idle_timeout_s=60).start()
         try:
-            monkeypatch.setattr(server, "begin_request", lambda: False)  # as once close() began
+            server._http.closing = True  # as once close() began: every request gets 503
             host, port = server.server_address_tuple()
             connection = http.client.HTTPConnection(host, port, timeout=10)
             connection.putrequest("POST", "/v1/experiences")
@@ -121,12 +122,13 @@ def closes_while_idle() -> Iterator[str]:
         yield address
 
 
-def test_a_kept_alive_connection_the_server_closed_is_retried_once_even_with_retries_0():
+def test_a_kept_alive_connection_the_server_closed_while_idle_is_not_reused_even_with_retries_0():
     with closes_while_idle() as address:
         transport = HttpTransport(address, timeout_s=10, retries=0)
         try:
             assert transport.get("health") == {"ok": True}
-            for _ in range(2):  # each on the connection the server closed: sent again at once
+            for _ in range(2):  # the server closed the last connection: a fresh one is opened
+                time.sleep(0.1)
                 assert transport.post("log_returns", {"a": 1.0}) == {"ok": True}
         finally:
             transport.close()

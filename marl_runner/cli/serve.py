@@ -117,35 +117,27 @@ def add_serve_parser(commands: Any, common: argparse.ArgumentParser) -> None:
         type=positive_int,
         default=None,
         metavar="N",
-        help="threads serving connections that sent a request (default: the larger of 64 and "
-        "2 x num_envs + 16); more connections wait for one, silent ones cost no thread",
-    )
-    serve.add_argument(
-        "--max-connections-per-client",
-        type=positive_int,
-        default=None,
-        metavar="N",
-        help="connections one client address may hold open, silent or served (default: the "
-        "larger of 64 and num_envs + 16); one more gets 503 with Retry-After at once and is "
-        "closed, so one host cannot take every connection. Behind a reverse proxy every "
-        "connection comes from the proxy's address: raise it to what the proxy opens",
+        help="requests handled at once, those waiting for actions included (default: the "
+        "larger of 64 and 2 x num_envs + 16); one more gets 503 with Retry-After. Connections "
+        "cost no thread: an event loop serves them all",
     )
     serve.add_argument(
         "--idle-timeout",
         type=_positive_seconds,
         default=None,
         metavar="SECONDS",
-        help="close a connection with no request for this long (default 5), so idle clients "
-        "never hold the workers; PolicyClient reconnects by itself",
+        help="close a connection with no complete request for this long (default 5): idle "
+        "keep-alive connections, and a request line and headers that take longer (a client "
+        "dripping them); PolicyClient reconnects by itself",
     )
     serve.add_argument(
         "--request-timeout",
         type=_positive_seconds,
         default=None,
         metavar="SECONDS",
-        help="a request's line and headers must arrive within this long of its first byte "
-        "(default 10); a body or an answer gets this long as a head start on --min-body-rate; "
-        "otherwise 408 and the connection closes, so slow clients never hold the workers",
+        help="head start of a request body and of an answer on --min-body-rate (default 10); "
+        "a body that takes longer gets 408 and the connection closes, an answer left unread "
+        "closes it, so slow clients never hold the server",
     )
     serve.add_argument(
         "--min-body-rate",
@@ -333,8 +325,7 @@ _positive_kib = _positive("KiB/s", scale=1024)  # returned in bytes/s
 def _capacity(args: argparse.Namespace) -> dict[str, Any]:
     """The `PolicyServer` capacity arguments given on the command line (others: its defaults)."""
     given = {
-        "max_workers": args.max_workers,
-        "max_connections_per_client": args.max_connections_per_client,
+        "max_concurrency": args.max_workers,
         "idle_timeout_s": args.idle_timeout,
         "request_timeout_s": args.request_timeout,
         "min_body_rate": args.min_body_rate,

@@ -15,6 +15,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,14 +39,14 @@ class ExternalEpisodeTimeout(EpisodeFault):
 
 
 class _Reply:
-    """What one waiting `get_action` call receives: actions or an error."""
+    """What one waiting `get_action` call receives: actions or an error, handed to `deliver`
+    once (in the thread that answers: the runner's, or the one stopping it)."""
 
-    __slots__ = ("actions", "error", "event")
+    __slots__ = ("deliver", "done")
 
-    def __init__(self) -> None:
-        self.event = threading.Event()
-        self.actions: MultiAgentDict | None = None
-        self.error: BaseException | None = None
+    def __init__(self, deliver: Callable[[MultiAgentDict | None, BaseException | None], None]) -> None:
+        self.deliver = deliver
+        self.done = False
 
 
 @dataclass
@@ -147,21 +148,36 @@ class EpisodeBoard:
         Waiting without the lock lets the runner batch this step with other
         episodes' steps into one forward pass.
         """
-        reply = _Reply()
+        done = threading.Event()
+        answer: list = []
+
+        def deliver(actions: MultiAgentDict | None, error: BaseException | None) -> None:
+            answer[:] = [actions, error]
+            done.set()
+
+        self.request_action(episode_id, obs, deliver)
+        done.wait()
+        actions, error = answer
+        if error is not None:
+            raise error
+        return actions
+
+    def request_action(
+        self,
+        episode_id: Any,
+        obs: MultiAgentDict,
+        deliver: Callable[[MultiAgentDict | None, BaseException | None], None],
+    ) -> None:
+        """`get_action` without blocking: queues the step and returns; `deliver(actions, None)`
+        or `deliver(None, error)` is called once, from the runner's thread (or the one that
+        stops it), so an event loop can wait for many episodes without a thread each.
+
+        Raises at once (nothing queued) for an unknown episode or a stopped runner.
+        """
         with self._lock:
             episode = self._running(episode_id, "get_action")
-            self._queue(episode, _check_obs(obs, episode_id, "get_action"), {}, reply=reply)
+            self._queue(episode, _check_obs(obs, episode_id, "get_action"), {}, reply=_Reply(deliver))
             episode.waiting += 1
-        try:
-            reply.event.wait()
-        finally:
-            with self._lock:
-                episode.waiting -= 1
-                episode.last_call = time.monotonic()
-        if reply.error is not None:
-            raise reply.error
-        assert reply.actions is not None
-        return reply.actions
 
     def log_action(self, episode_id: Any, obs: MultiAgentDict, actions: MultiAgentDict) -> None:
         """Queues a step whose actions the env chose itself; returns without waiting."""
@@ -289,8 +305,8 @@ class EpisodeBoard:
             step = self._in_flight.pop(slot, None)
             if step is None or step.reply is None:
                 return  # an off-policy step: the logged actions stand
-            step.reply.actions = {agent: actions[agent] for agent in step.obs if agent in actions}
-            step.reply.event.set()
+            answer = {agent: actions[agent] for agent in step.obs if agent in actions}
+            self._answer(self._by_slot.get(slot), step.reply, answer, None)
 
     def free_slot(self, slot: int) -> None:
         """The runner is done with the episode in `slot` (ended or faulty)."""
@@ -308,11 +324,9 @@ class EpisodeBoard:
             self._stopped = reason
             for episode in self._by_slot.values():
                 for step in list(episode.steps) + [self._in_flight.get(episode.slot)]:
-                    if step is not None and step.reply is not None and not step.reply.event.is_set():
-                        step.reply.error = ExternalEnvStopped(
-                            f"get_action({episode.episode_id!r}): {reason}"
-                        )
-                        step.reply.event.set()
+                    if step is not None and step.reply is not None and not step.reply.done:
+                        error = ExternalEnvStopped(f"get_action({episode.episode_id!r}): {reason}")
+                        self._answer(episode, step.reply, None, error)
             self._data_ready.notify_all()
             self._slot_freed.notify_all()
 
@@ -323,6 +337,20 @@ class EpisodeBoard:
             return len(self._by_slot)
 
     # ------------------------------------------------------------------ helpers (lock held)
+
+    def _answer(
+        self,
+        episode: _Episode | None,
+        reply: _Reply,
+        actions: MultiAgentDict | None,
+        error: BaseException | None,
+    ) -> None:
+        """Hands a waiting call its answer; the episode is no longer waiting from now on."""
+        reply.done = True
+        if episode is not None:
+            episode.waiting -= 1
+            episode.last_call = time.monotonic()
+        reply.deliver(actions, error)
 
     def _running(self, episode_id: Any, call: str) -> _Episode:
         self._raise_if_stopped(call)

@@ -13,18 +13,19 @@ client.end_episode(eid, {"a0": last_obs})
 runner batches concurrent `get_action` requests into one forward pass.
 `inference_mode="local"`: the policies and connectors run here (an EnvRunner
 over an in-client external env), weights and connector state are pulled every
-`update_interval_s`, and only experience batches go to the server. Thread-safe
-in both modes; bodies use the safe binary codec (never pickle). An unknown or
+`update_interval_s`, and only experience batches go to the server; every
+value a call takes is checked at the call by the server's own checks
+(`validation.CallValues`), so one the server would refuse raises
+`ValueError` there and nothing already logged is lost. Thread-safe in both
+modes; bodies use the safe binary codec (never pickle). An unknown or
 finished episode id raises `ValueError`, as in-process.
 
 Connection failures: a failed connection is replaced by a fresh one on the
 next call. Calls that cannot act twice (any call whose connection could not
 be opened, `GET` calls, a 503 with `Retry-After`) are retried `retries`
 times with exponential backoff from `backoff_s`; a `POST` that may have
-reached the server is not. A request on a kept-alive connection the server
-had closed while idle is resent once at once, even with `retries=0`. Either
-way the error is `PolicyServerUnavailable`
-naming the server and the call (see `marl_runner.serving.transport`).
+reached the server is not: the error is `PolicyServerUnavailable` naming
+the server and the call (see `marl_runner.serving.transport`).
 """
 
 from __future__ import annotations
@@ -102,20 +103,22 @@ class PolicyClient:
     def get_action(self, episode_id: str, obs: dict) -> dict:
         """Actions of the agents in `obs`; rewards logged since the last step go to the last ones."""
         if self._local is not None:
-            return self._local.env.get_action(episode_id, obs)
+            return self._local.env.get_action(episode_id, self._local.values.obs(obs))
         return self._transport.post("get_action", {"episode_id": episode_id, "obs": obs})["actions"]
 
     def log_action(self, episode_id: str, obs: dict, actions: dict) -> None:
         """Records actions the simulator chose itself (off-policy); one env step, no answer."""
         if self._local is not None:
-            self._local.env.log_action(episode_id, obs, actions)
+            values = self._local.values
+            self._local.env.log_action(episode_id, values.obs(obs), values.actions(actions))
             return
         self._transport.post("log_action", {"episode_id": episode_id, "obs": obs, "actions": actions})
 
     def log_returns(self, episode_id: str, rewards: dict, infos: dict | None = None) -> None:
         """Adds rewards (and infos) for the agents' last actions, summed until the next step."""
         if self._local is not None:
-            self._local.env.log_returns(episode_id, rewards, infos)
+            values = self._local.values
+            self._local.env.log_returns(episode_id, values.rewards(rewards), values.infos(infos))
             return
         self._transport.post("log_returns", {"episode_id": episode_id, "rewards": rewards, "infos": infos})
 
@@ -126,6 +129,7 @@ class PolicyClient:
         and `close()` waits until it is.
         """
         if self._local is not None:
+            obs = self._local.values.obs(obs, allow_empty=True)
             self._local.env.end_episode(episode_id, obs, truncated)
             return
         self._transport.post("end_episode", {"episode_id": episode_id, "obs": obs, "truncated": truncated})

@@ -27,6 +27,7 @@ from marl_runner.envs import ExternalMultiAgentEnv, register_env
 from marl_runner.serving.batches import batch_to_value
 from marl_runner.serving.episode_counts import num_episodes
 from marl_runner.serving.transport import HttpTransport
+from marl_runner.serving.validation import CallValues
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ class LocalInference:
             {a: space_from_spec(s) for a, s in info["action_spaces"].items()},
         )
         self.env = env
+        self.values = CallValues(env)  # the server's checks, run at each call
         env_name = f"marl_runner_client_{uuid.uuid4().hex}"
         register_env(env_name, lambda _config: env)
         config = dict(info["config"])

@@ -1,4 +1,4 @@
-"""Untrusted request values checked and converted before they reach the env or the runner.
+"""Untrusted call values checked and converted before they reach the env or the runner.
 
 A wrong shape, dtype, value or agent id from a client must become a 400 for
 that request, never an exception inside the runner's loop (which would stop
@@ -7,6 +7,10 @@ observation filter). Every check runs before the request touches the episode.
 Values are converted to each agent's space, so JSON clients may send plain
 nested lists; messages name the agent and the field (`observation of agent
 'a0' has a NaN at index 3`).
+
+`CallValues` holds the checks of the five external-env calls: the server
+runs them on every request, a local-inference client at every call, so a
+value the server would refuse raises where it was given.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from marl_runner.serving.value_checks import (
 )
 
 __all__ = [
+    "CallValues",
     "RequestError",
     "agent_values",
     "episode_id_of",
@@ -112,6 +117,33 @@ def infos_of(body: dict, action_space_of: Callable[[Any], gym.Space]) -> dict[An
         if ACTION_MASK in out[agent]:
             check_action_mask(out[agent][ACTION_MASK], action_space, f"{where}[{ACTION_MASK!r}]")
     return out
+
+
+class CallValues:
+    """The values of the five calls checked against `env`'s agents and spaces (an
+    `ExternalMultiAgentEnv`); each method returns them converted, or raises `RequestError`."""
+
+    def __init__(self, env: Any) -> None:
+        self.env = env
+
+    def obs(self, obs: Any, *, allow_empty: bool = False) -> dict:
+        """Observations: each in its agent's space, any action mask allowing an action."""
+        return agent_values(
+            {"obs": obs}, "obs", self.env.get_observation_space, allow_empty=allow_empty,
+            action_space_of=self.env.get_action_space,
+        )
+
+    def actions(self, actions: Any) -> dict:
+        """Logged (off-policy) actions, each in its agent's action space."""
+        return agent_values({"actions": actions}, "actions", self.env.get_action_space)
+
+    def rewards(self, rewards: Any) -> dict:
+        """Finite, float32-sized rewards of known agents."""
+        return rewards_of({"rewards": rewards}, self.env.get_observation_space)
+
+    def infos(self, infos: Any) -> dict | None:
+        """JSON-safe infos of known agents (a batch file can store them), or None."""
+        return infos_of({"infos": infos}, self.env.get_action_space)
 
 
 def filter_deltas_of(body: dict, policy_map: dict) -> dict[tuple[str, int], dict]:
