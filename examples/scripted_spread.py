@@ -162,14 +162,20 @@ def summarise(rewards: np.ndarray) -> dict[str, float]:
 
 
 def evaluate_policies(
-    config: RunnerConfig, episodes: int, seed: int, checkpoints: list[Path]
+    config: RunnerConfig,
+    episodes: int,
+    seed: int,
+    checkpoints: list[Path],
+    baselines: bool = True,
 ) -> dict[str, dict[str, float]]:
-    """Random, scripted and each checkpoint's policy on the same ``episodes`` episodes; a
-    checkpoint's twice, sampling its actions (as in training) and taking the likeliest."""
-    results = {
-        "random": summarise(episode_rewards(with_policy_class(config, "RandomPolicy"), episodes, seed)),
-        "scripted": summarise(episode_rewards(with_policy_class(config, SCRIPTED), episodes, seed)),
-    }
+    """Random and scripted (with ``baselines``) and each checkpoint's policy on the same
+    ``episodes`` episodes; a checkpoint's twice, sampling its actions (as in training) and
+    taking the likeliest."""
+    results = {}
+    if baselines:
+        for name, policy_class in (("random", "RandomPolicy"), ("scripted", SCRIPTED)):
+            rewards = episode_rewards(with_policy_class(config, policy_class), episodes, seed)
+            results[name] = summarise(rewards)
     for path in checkpoints:
         with restore_checkpoint(path) as runner:
             weights = runner.get_weights()
@@ -188,12 +194,19 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     parser.add_argument("--episodes", type=int, default=1000, help="episodes per policy")
     parser.add_argument("--seed", type=int, default=10_000, help="seeds the evaluation episodes")
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
+    parser.add_argument(
+        "--no-baselines", action="store_true", help="score the checkpoints only"
+    )
     args = parser.parse_args(argv)
     if args.episodes < 1:
         parser.error(f"--episodes {args.episodes}: expected an int >= 1")
     add_import_paths()
     results = evaluate_policies(
-        RunnerConfig.from_yaml(args.config), args.episodes, args.seed, args.checkpoints
+        RunnerConfig.from_yaml(args.config),
+        args.episodes,
+        args.seed,
+        args.checkpoints,
+        baselines=not args.no_baselines,
     )
     text = json.dumps(results, indent=2)
     if args.out is not None:
