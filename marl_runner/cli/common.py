@@ -95,17 +95,18 @@ def check_memory(
     agents: Sequence[tuple[str, Any, Any]] = (),
     *,
     all_agents_act: bool = False,
-) -> BatchMemory:
+) -> tuple[BatchMemory, int]:
     """Refuses (exit 2) a config whose batch cannot fit in this process's memory
-    (``memory_limit_bytes``); returns the estimate. ``validate`` and ``sample`` both call
-    it: first before anything is built (no agents: bookkeeping columns only), then with
-    the env's possible agents and their spaces."""
+    (``memory_limit_bytes``); returns the estimate and that limit. ``validate`` and
+    ``sample`` both call it: first before anything is built (no agents: bookkeeping
+    columns only), then with the env's possible agents and their spaces."""
     estimate = estimate_batch_memory(config, agents, all_agents_act=all_agents_act)
+    limit = memory_limit_bytes()
     try:
-        check_batch_memory(estimate, memory_limit_bytes())
+        check_batch_memory(estimate, limit)
     except ConfigError as exc:
         raise CommandError(str(exc)) from exc
-    return estimate
+    return estimate, limit
 
 
 def probe_agents(

@@ -33,7 +33,6 @@ from marl_runner.config import RunnerConfig
 from marl_runner.config.memory import format_bytes
 from marl_runner.envs.pettingzoo_wrappers import AECPettingZooEnv
 from marl_runner.envs.vector_backends import vector_backend
-from marl_runner.io.safe_files import memory_limit_bytes
 
 __all__ = [
     "add_validate_parser",
@@ -90,7 +89,7 @@ def run_validate(args: argparse.Namespace) -> int:
         rows, unused_policies = _map_agents(runner, mapping.policy_of)
         warnings = image_model_warnings(runner)
         sub_envs = runner.env.get_sub_environments()
-        memory = check_memory(
+        memory, memory_limit = check_memory(
             config,
             agent_spaces(runner.env, lambda agent, _: mapping.policy_of[agent]),
             all_agents_act=not any(isinstance(env, AECPettingZooEnv) for env in sub_envs),
@@ -117,7 +116,7 @@ def run_validate(args: argparse.Namespace) -> int:
         console.print(f"warning: {warning}", highlight=False, soft_wrap=True, markup=False)
     console.print(
         f"memory: one batch takes about {format_bytes(memory.total_bytes)} per runner "
-        f"({memory.describe()}); this process may use {format_bytes(memory_limit_bytes())}",
+        f"({memory.describe()}); this process may use {format_bytes(memory_limit)}",
         highlight=False,
         soft_wrap=True,
         markup=False,
