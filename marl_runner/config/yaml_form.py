@@ -58,7 +58,8 @@ def plain(value: Any) -> Any:
         return value
     raise ConfigError(
         None,
-        f"cannot write a {type(value).__name__} ({shortened(value)}) to a config; expected plain data",
+        f"cannot write a {type(value).__name__} ({shortened(value)}) to a config; expected "
+        "plain data",
     )
 
 
@@ -75,7 +76,8 @@ def parse_override(override: str) -> tuple[str, Any]:
     except yaml.YAMLError as exc:
         raise ConfigError(
             key,
-            f"override {shortened(override)}: the value is not valid YAML ({describe_yaml_error(exc)})",
+            f"override {shortened(override)}: the value is not valid YAML "
+            f"({describe_yaml_error(exc)})",
         ) from None
 
 

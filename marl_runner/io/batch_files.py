@@ -231,12 +231,14 @@ class _NpzReader:
         header = load_json(raw.tobytes(), self.path, "header")
         if not isinstance(header, dict):
             raise self.error(
-                f"its header is {shortened(header)}, a JSON {type(header).__name__}; expected a JSON object"
+                f"its header is {shortened(header)}, a JSON {type(header).__name__}; "
+                "expected a JSON object"
             )
         if header.get("format") != FORMAT_NAME or header.get("version") != FORMAT_VERSION:
             raise self.error(
                 f"unsupported format {shortened(header.get('format'))} version "
-                f"{shortened(header.get('version'))}; expected {FORMAT_NAME!r} version {FORMAT_VERSION}"
+                f"{shortened(header.get('version'))}; expected {FORMAT_NAME!r} version "
+                f"{FORMAT_VERSION}"
             )
         unknown = sorted(set(header) - set(_HEADER_FIELDS))
         if unknown:
@@ -262,7 +264,8 @@ class _NpzReader:
         batch = MultiAgentBatch(policy_batches, env_steps=env_steps)
         if batch.agent_steps() != agent_steps:
             raise self.error(
-                f"field 'agent_steps' is {agent_steps}, but its columns hold {batch.agent_steps()} rows"
+                f"field 'agent_steps' is {agent_steps}, but its columns hold "
+                f"{batch.agent_steps()} rows"
             )
         return batch
 
@@ -277,7 +280,8 @@ class _NpzReader:
         encoding = field(column, "encoding", str, self.path, f"{where}.encoding")
         if encoding not in _ENCODINGS:
             raise self.error(
-                f"field '{where}.encoding' is {shortened(encoding)}; expected one of {list(_ENCODINGS)}"
+                f"field '{where}.encoding' is {shortened(encoding)}; expected one of "
+                f"{list(_ENCODINGS)}"
             )
         expected = (
             {"name", "encoding", "structure"} if encoding in _STRUCTURED else {"name", "encoding"}
@@ -334,7 +338,8 @@ class _NpzReader:
         texts = self.array(entry, where)
         if texts.dtype.kind != "U" or texts.ndim != 1:
             raise self.error(
-                f"entry {entry!r} is {texts.dtype.str} {list(texts.shape)}; expected one JSON text per row"
+                f"entry {entry!r} is {texts.dtype.str} {list(texts.shape)}; expected one JSON "
+                "text per row"
             )
         rows = np.empty(len(texts), dtype=object)
         try:

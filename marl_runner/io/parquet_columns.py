@@ -121,7 +121,8 @@ def read_records(schema: pa.Schema, path: Any) -> list[dict[str, Any]]:
         elif encoding != "json":
             raise BatchFileError(
                 path,
-                f"field '{where}.encoding' is {shortened(encoding)}; expected one of {list(_ENCODINGS)}",
+                f"field '{where}.encoding' is {shortened(encoding)}; expected one of "
+                f"{list(_ENCODINGS)}",
             )
     return records
 
@@ -187,7 +188,8 @@ def _leaf_dtype(record: Any, path: Any, where: str) -> tuple[np.dtype, tuple[int
     if len(shape) > _MAX_NDIM or not all(type(n) is int and n >= 1 for n in shape):
         raise BatchFileError(
             path,
-            f"field '{where}.shape' is {shortened(shape)}; expected at most {_MAX_NDIM} integers >= 1",
+            f"field '{where}.shape' is {shortened(shape)}; expected at most {_MAX_NDIM} "
+            "integers >= 1",
         )
     return dtype, tuple(shape)
 
