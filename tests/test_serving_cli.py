@@ -75,7 +75,8 @@ def test_serve_writes_batches_and_exits_cleanly_on_sigterm(tmp_path):
             server.communicate()
     output = "".join(lines) + rest
     assert server.returncode == 0, output
-    assert "sampling metrics" in output and "wrote 3 batches" in output
+    assert "serving metrics" in output and "sampling metrics" not in output
+    assert "wrote 3 batches" in output
     assert re.search(r"serving: \d+ env steps, \d+ episodes", output)
     batches = list(read_batches(out))
     assert len(batches) == 3 and (out / "config.yaml").exists()
@@ -92,3 +93,20 @@ def test_serve_refuses_bad_setups(capsys, monkeypatch):
     assert "not a loopback address: give a shared token" in capsys.readouterr().err
     assert main(["serve", str(CONFIG), "--set", "vectorize=sync"]) == 2
     assert "serve needs `vectorize: external`" in capsys.readouterr().err
+
+
+def test_the_summary_is_titled_serving_and_counts_one_of_each_in_the_singular(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from marl_runner.cli.serve import _print_summary
+    from marl_runner.progress import SampleCounts
+
+    console = Console(file=io.StringIO(), width=120)
+    counts = SampleCounts(env_steps=1, agent_steps=1, episodes=1, batches=1, elapsed_s=1.0)
+    _print_summary(console, {"episodes": 1}, counts, tmp_path, None, uploaded=1)
+    text = console.file.getvalue()
+    assert "serving metrics" in text and "sampling metrics" not in text, text
+    assert "1 batch came from local-inference clients" in text, text
+    assert f"wrote 1 batch (1 episode, 1 env step) to {tmp_path}" in text, text

@@ -139,4 +139,4 @@ def test_local_and_remote_clients_episodes_are_all_written_with_unique_ids(tmp_p
     # Three local runners built from one config (seed 0): their episode ids still differ.
     assert written(out) == (16 * 20, 16)
     assert last_progress(output) == table(output) == (320, 16), output
-    assert "12 of the batches came from local-inference clients" in output
+    assert "12 batches came from local-inference clients" in output

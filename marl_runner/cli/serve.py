@@ -46,7 +46,7 @@ from marl_runner.cli.common import (
     positive_int,
     prepare_outputs,
 )
-from marl_runner.cli.display import ProgressReporter, SampleCounts, make_progress, print_run_summary
+from marl_runner.cli.display import ProgressReporter, SampleCounts, make_progress, metrics_table
 from marl_runner.config import RunnerConfig
 from marl_runner.metrics_log import MetricsLogWriter, RunMetrics
 from marl_runner.serving.episode_counts import num_episodes
@@ -250,11 +250,41 @@ def _serve(
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    notes = [f"{uploaded} of the batches came from local-inference clients"] if uploaded else []
-    print_run_summary(
-        console, metrics, counts, out_dir=args.out, metrics_log=metrics_log, notes=notes
-    )
+    _print_summary(console, metrics, counts, args.out, metrics_log, uploaded)
     return EXIT_OK
+
+
+def _print_summary(
+    console: Console,
+    metrics: dict[str, Any],
+    counts: SampleCounts,
+    out_dir: Path | None,
+    metrics_log: MetricsLogWriter | None,
+    uploaded: int,
+) -> None:
+    """The serving metrics table, then what was written where, counted in words that agree
+    with their numbers ("1 episode")."""
+    table = metrics_table(metrics, counts)
+    table.title = "serving metrics"
+    console.print(table)
+    lines = []
+    if uploaded:
+        lines.append(f"{_count(uploaded, 'batch', 'batches')} came from local-inference clients")
+    if out_dir is not None:
+        lines.append(
+            f"wrote {_count(counts.batches, 'batch', 'batches')} "
+            f"({_count(counts.episodes, 'episode')}, {_count(counts.env_steps, 'env step')}) "
+            f"to {out_dir}"
+        )
+    if metrics_log is not None:
+        lines.append(f"wrote {_count(metrics_log.num_records, 'metrics record')} to "
+                     f"{metrics_log.path}")
+    for line in lines:
+        console.print(line, highlight=False, soft_wrap=True, markup=False)
+
+
+def _count(number: int, singular: str, plural: str | None = None) -> str:
+    return f"{number} {singular if number == 1 else plural or singular + 's'}"
 
 
 def _stop_serving(runner: Any, server: Any, writer: _Writer) -> None:
