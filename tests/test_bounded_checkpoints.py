@@ -19,7 +19,12 @@ import pytest
 from helpers_bounded import run_capped
 
 from marl_runner import EnvRunner, RunnerConfig, save_checkpoint
-from marl_runner.checkpoint import CheckpointError, load_checkpoint, write_checkpoint
+from marl_runner.checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    restore_checkpoint,
+    write_checkpoint,
+)
 from marl_runner.checkpoint.evaluation import (
     DEFAULT_MAX_EPISODE_STEPS,
     EvaluationError,
@@ -149,6 +154,15 @@ def test_weights_that_do_not_fit_the_configs_model_name_the_weight(
     with pytest.raises(CheckpointError) as info:
         evaluate_checkpoint(path, episodes=1)
     assert message in str(info.value) and "policies.shared.weights" in str(info.value)
+
+
+def test_a_config_whose_batch_cannot_fit_is_refused_before_building(tictactoe, tmp_path):
+    def many(payload):
+        payload["config"]["num_envs"] = 10_000_000
+
+    path = rewritten(tictactoe, tmp_path / "many.ckpt", many)
+    with pytest.raises(CheckpointError, match=r"many.ckpt.*num_envs 10,000,000"):
+        restore_checkpoint(path)
 
 
 def test_weights_that_fit_restore_as_before(tictactoe):

@@ -44,7 +44,8 @@ from marl_runner.checkpoint.file_format import (
 )
 from marl_runner.checkpoint.model_shapes import check_model_shapes
 from marl_runner.checkpoint.trust import ImportRef, chain_imports, config_imports
-from marl_runner.config import RunnerConfig
+from marl_runner.config import ConfigError, RunnerConfig
+from marl_runner.config.memory import check_batch_memory, estimate_batch_memory
 from marl_runner.io.safe_files import FileRefused, memory_limit_bytes, read_regular_file
 
 if TYPE_CHECKING:  # the runner imports torch: only when a checkpoint is restored
@@ -165,7 +166,9 @@ def restore_checkpoint(
     ``policy_mapping_fn``, ``callbacks``), for what the config cannot hold.
     ``runner_cls`` builds a subclass instead.
 
-    Before anything is built, each policy's weights are checked against the model
+    Before anything is built, the config's batch must fit in memory
+    (``marl_runner.config.memory``: ``num_envs: 10000000`` is refused), and each
+    policy's weights are checked against the model
     its config asks for (``check_model_shapes``: built-in model types, compared
     on torch's meta device), so a file whose config asks for a huge model fails
     without allocating it.
@@ -177,6 +180,10 @@ def restore_checkpoint(
             checkpointed policy the restored runner does not have.
     """
     payload, runner_config = _load_checked(path, config, trusted, allow, overrides)
+    try:  # num_envs: 10000000 from a file would build sub-envs until memory runs out
+        check_batch_memory(estimate_batch_memory(runner_config), memory_limit_bytes())
+    except ConfigError as err:
+        raise CheckpointError(f"{path}: checkpoint field config: {err}") from None
     ready_made = set(runner_kwargs.get("policies") or ())
     check_model_shapes(
         {pid: state for pid, state in payload["policies"].items() if pid not in ready_made},
