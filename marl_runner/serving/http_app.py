@@ -108,9 +108,9 @@ class HttpEndpoint:
 
     `routes[(method, name)]` is a coroutine function taking the decoded body
     (None for a GET) and returning the answer's value (`bytes` when already
-    encoded). `open()` binds, `start()` serves, `close()` stops accepting,
-    answers new requests 503, waits up to `close_wait_s` for those in
-    progress, then calls `on_closed` (on the loop) and ends every connection.
+    encoded). `start()` serves `sock` (bound already); `close()` stops
+    accepting, answers new requests 503, waits up to `close_wait_s` for those
+    in progress, then calls `on_closed` (on the loop) and ends every connection.
     """
 
     def __init__(
@@ -127,7 +127,6 @@ class HttpEndpoint:
         self.closing = False  # new requests get 503 (set as close() begins)
         self._close_began = False
         self.requests_timed_out = 0
-        self.refused_busy = 0
         self.loop = asyncio.new_event_loop()
         # Blocking calls (a slot to free, the runner's weights) wait here, not on the loop.
         self.loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(
@@ -164,11 +163,13 @@ class HttpEndpoint:
             finally:
                 ready.set()
             self.loop.run_forever()
+            self.loop.close()
 
         self._thread = threading.Thread(target=run, name="marl-runner-http", daemon=True)
         self._thread.start()
         ready.wait()
         if failure:
+            self._thread = None  # nothing runs: close() has no loop to ask
             raise failure[0]
 
     def close(self, on_closed: Callable[[], None], wait_s: float | None = None) -> None:
@@ -209,6 +210,7 @@ class HttpEndpoint:
         assert self._runner is not None
         try:
             await self._runner.cleanup()
+            await self.loop.shutdown_default_executor()
         finally:
             self.loop.stop()
 
@@ -220,7 +222,6 @@ class HttpEndpoint:
             return _error(HTTPStatus.SERVICE_UNAVAILABLE, STOPPING_MESSAGE, content_type,
                           "ExternalEnvStopped", close=True)
         if self._in_progress >= self.settings.max_concurrency:
-            self.refused_busy += 1
             return _error(HTTPStatus.SERVICE_UNAVAILABLE, f"the server is handling "
                           f"{self._in_progress} requests; retry in a moment", content_type,
                           headers={"Retry-After": "1"}, close=_declares_body(request))

@@ -67,7 +67,9 @@ def space_array(space: gym.Space, value: Any, where: str, *, rows: int | None = 
     if array.dtype.kind == "f":
         refuse_first(~np.isfinite(array), array, where, "")
     low, high = _bounds(space)
-    refuse_first((array < low) | (array > high), array, where, f", outside {space}")
+    outside = (array < low) | (array > high)
+    if outside.any():  # the space's repr is built only for the message
+        refuse_first(outside, array, where, f", outside {space}")
     with np.errstate(over="ignore"):  # an overflow is refused just below
         converted = array.astype(target, copy=False)
     if target.kind == "f" and converted.dtype != array.dtype:
