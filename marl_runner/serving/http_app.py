@@ -342,16 +342,13 @@ class HttpEndpoint:
 
     async def _send(self, request: web.BaseRequest, payload: bytes,
                     content_type: str) -> web.StreamResponse:
-        """The answer written here, under its deadline: a client that stops reading its answers
-        cannot hold the connection."""
-        response = web.StreamResponse(status=200, headers={"Content-Type": content_type})
-        response.content_length = len(payload)
+        """The answer written here (head and body in one send), under its deadline: a client
+        that stops reading its answers cannot hold the connection."""
+        response = web.Response(body=payload, status=200, content_type=content_type)
         try:
             async with asyncio.timeout(self.settings.body_deadline_s(len(payload))):
                 await response.prepare(request)
-                await response.write(payload)
-                await request.writer.drain()  # waits while the client leaves answers unread
-                await response.write_eof()
+                await response.write_eof()  # waits while the client leaves answers unread
         except TimeoutError:
             self._missed_deadline(request)
             request.transport.abort()
