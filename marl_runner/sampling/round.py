@@ -10,7 +10,7 @@ so an exception in the middle of a step leaves no half-filled rows behind.
 from __future__ import annotations
 
 from collections.abc import Callable, Container, Iterable, Mapping
-from itertools import chain, repeat
+from itertools import chain, compress, repeat
 from operator import attrgetter, itemgetter
 from typing import Any, NamedTuple
 
@@ -161,23 +161,24 @@ class RoundCollector:
         polled: PollResult,
         episodes: Mapping[int, MultiAgentEpisode],
         skip: Container[int],
-    ) -> tuple[list[MultiAgentEpisode], list[int]]:
+    ) -> tuple[list[MultiAgentEpisode], list[int], list[MultiAgentEpisode]]:
         """The fast path, for the whole round at once: every polled sub-env whose agents
-        are exactly those of its last round, none done, and whose rewards each go on the
-        rewarded agent's own row (``RewardLedger.fast_path_ok``) has its rows copied a
-        policy group at a time from its episode's ``EpisodeLayout``; a sub-env given as a
+        are exactly those of its last round and whose rewards each go on the rewarded
+        agent's own row (``RewardLedger.fast_path_ok``) has its rows copied a policy group
+        at a time from its episode's ``EpisodeLayout``; agents that end (and episodes that
+        end with every agent's obs) have their last rows marked. A sub-env given as a
         ``BlockRow`` meets the flag and reward conditions by what a ``StepBlock`` is.
 
-        Returns those sub-envs' episodes, and the other polled sub-envs (``skip``
-        excepted, in poll order) for ``collect``.
+        Returns those sub-envs' episodes, the other polled sub-envs (``skip``
+        excepted, in poll order) for ``collect``, and the episodes that ended.
         """
         all_obs, all_rewards, all_terminateds, all_truncateds, all_infos = polled[:5]
         keep_last_obs = self._keep_last_obs
-        taken, rest = [], []
+        taken, rest, over = [], [], []
         # Sub-envs grouped by layout shape (a turn-based env's sub-envs at different turns
         # make several), each shape's in runs of poll order: a _DictRun of sub-envs given
         # as dicts, or a _BlockRun of rows of one StepBlock.
-        alike: dict[LayoutShape, list[_DictRun | _BlockRun]] = {}
+        alike: dict[LayoutShape, list[_DictRun | _BlockRun | _EndingRun]] = {}
         # The run each shape's next sub-env joins, if of its kind (and, for blocks, block).
         open_dicts: dict[LayoutShape, _DictRun] = {}
         open_blocks: dict[LayoutShape, _BlockRun] = {}
@@ -216,13 +217,28 @@ class RoundCollector:
                 rest.append(env_id)
                 continue
             env_rewards = all_rewards.get(env_id) or _NOTHING
-            if (
-                # any(): a flag's truth value, ~2x faster than `True in` (no == per flag).
-                any((all_terminateds.get(env_id) or _NOTHING).values())
-                or any((all_truncateds.get(env_id) or _NOTHING).values())
-                or not episode.rewards.fast_path_ok(env_rewards, layout.shape.agent_set)
-            ):
+            env_terminateds = all_terminateds.get(env_id) or _NOTHING
+            env_truncateds = all_truncateds.get(env_id) or _NOTHING
+            if not episode.rewards.fast_path_ok(env_rewards, layout.shape.agent_set):
                 rest.append(env_id)
+                continue
+            # any(): a flag's truth value, ~2x faster than `True in` (no == per flag).
+            if any(env_terminateds.values()) or any(env_truncateds.values()):
+                ended = _agents_ending(episode, env_obs, env_terminateds, env_truncateds)
+                if ended is None:  # an agent ends without its obs
+                    rest.append(env_id)
+                    continue
+                if ended[2]:
+                    over.append(episode)
+                # Agents die: the same rows, their last ones marked; a run of its own.
+                if keep_last_obs:
+                    episode.last_raw_obs.update(kept_copies(env_obs))
+                taken.append(episode)
+                alike.setdefault(layout.shape, []).append(_EndingRun(
+                    episode, layout, env_obs, env_rewards, all_infos.get(env_id) or _NOTHING, ended
+                ))
+                open_dicts.pop(layout.shape, None)
+                open_blocks.pop(layout.shape, None)
                 continue
             if keep_last_obs:
                 episode.last_raw_obs.update(kept_copies(env_obs))
@@ -241,9 +257,11 @@ class RoundCollector:
             for run in runs:
                 if type(run) is _DictRun:
                     _add_alike(round_, shape, run)
+                elif type(run) is _EndingRun:
+                    _add_ending(round_, shape, run)
                 else:
                     self._add_block_rows(round_, shape, run)
-        return taken, rest
+        return taken, rest, over
 
     def _add_block_rows(self, round_: Round, shape: LayoutShape, run: _BlockRun) -> None:
         """Rows of a run of one block's sub-envs whose agents are grouped alike (``shape``):
@@ -373,6 +391,80 @@ def _add_alike(round_: Round, shape: LayoutShape, run: _DictRun) -> None:
             infos = [info.get(agent_id, _EMPTY_INFO) for info in info_dicts for agent_id in agent_ids]
         rows.infos.extend(infos)
         rows.keys.extend(chain.from_iterable(map(itemgetter(index), map(_GROUP_KEYS, run.layouts))))
+
+
+def _agents_ending(
+    episode: MultiAgentEpisode, env_obs: dict, terminateds: Mapping, truncateds: Mapping
+) -> tuple[list, list, bool] | None:
+    """The observing agents terminated and truncated this round (flags read in C) and
+    whether the episode is over, when no agent needs what only the general path gives (a
+    fake final obs: an agent that ends without its obs, or, when the episode is over, a
+    live agent not observing); else None. Flags repeated for agents done before are left."""
+    all_terminated, all_truncated = terminateds.get("__all__"), truncateds.get("__all__")
+    over = bool(all_terminated or all_truncated)
+    slots = episode.slots
+    if over and sum(not slot.done for slot in slots.values()) != len(env_obs):
+        return None
+    ending = []
+    for everyone, flags in ((all_terminated, terminateds), (all_truncated, truncateds)):
+        if everyone:
+            ending.append(list(env_obs))
+            continue
+        flagged = [a for a in compress(flags.keys(), flags.values()) if a != "__all__"]
+        if not env_obs.keys() >= set(flagged):
+            for agent_id in flagged:
+                slot = slots.get(agent_id)
+                if agent_id not in env_obs and (slot is None or not slot.done):
+                    return None
+            flagged = [a for a in flagged if a in env_obs]
+        ending.append(flagged)
+    return ending[0], ending[1], over
+
+
+def _add_ending(round_: Round, shape: LayoutShape, run: _EndingRun) -> None:
+    """A fast-path sub-env in which some agents end: its rows as ``_add_alike`` adds them
+    (their rewards counted as the general path counts them), those agents' rows marked last
+    (their slots done), and the episode's layout made again without them, so the next round
+    stays on the fast path."""
+    episode, layout = run.episode, run.layout
+    first_row = {pid: len(round_.rows_for(pid).keys) for pid, _, _ in shape.groups}
+    _add_alike(round_, shape, _DictRun([layout], [run.obs], [run.rewards], [run.infos]))
+    # Counted now, as the general path counts them: the episode may end before the round's
+    # rows are (and its totals are read then); the rows are credited so as not to count twice.
+    episode.rewards.receive(run.rewards)
+    for pid, ids, _ in shape.groups:
+        round_.rows[pid].credited_rows.extend(range(first_row[pid], first_row[pid] + len(ids)))
+    terminated, truncated, _ = run.ended
+    slots = episode.slots
+    group_ids = {pid: ids for pid, ids, _ in shape.groups}
+    for agent_ids, marked in ((terminated, "terminated_rows"), (truncated, "truncated_rows")):
+        for agent_id in agent_ids:
+            slot = slots[agent_id]
+            slot.done = True
+            row = first_row[slot.policy_id] + group_ids[slot.policy_id].index(agent_id)
+            getattr(round_.rows[slot.policy_id], marked).append(row)
+    ended = {*terminated, *truncated}
+    groups = {}
+    for (pid, ids, _), keys in zip(shape.groups, layout.group_keys):
+        kept = [(agent_id, key) for agent_id, key in zip(ids, keys) if agent_id not in ended]
+        if kept:
+            groups[pid] = ([agent_id for agent_id, _ in kept], [key for _, key in kept])
+    episode.layouts.clear()  # layouts naming the ended agents must not be used
+    if groups:
+        episode.layouts[tuple(agent_id for agent_id in run.obs if agent_id not in ended)] = (
+            EpisodeLayout(groups)
+        )
+
+
+class _EndingRun(NamedTuple):
+    """A fast-path sub-env in which some agents end (terminated, truncated agent ids)."""
+
+    episode: MultiAgentEpisode
+    layout: EpisodeLayout
+    obs: dict
+    rewards: dict
+    infos: dict
+    ended: tuple[list, list, bool]
 
 
 class _DictRun(NamedTuple):

@@ -317,9 +317,10 @@ class EnvRunner:
         episodes = self._episodes
         to_reset, self._to_reset = self._to_reset, set()
         # Left-over sub-envs of a step that did not finish are skipped: their reset replaces them.
-        stepped, rest = self._collector.collect_unchanged(round_, polled, episodes.active, to_reset)
+        stepped, rest, ended = self._collector.collect_unchanged(
+            round_, polled, episodes.active, to_reset
+        )
         episodes.advance(stepped)
-        ended = []
         for env_id in rest:
             output = polled.of(env_id)
             if isinstance(output.obs, BaseException):
