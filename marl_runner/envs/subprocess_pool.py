@@ -186,6 +186,7 @@ class WorkerLauncher:
                 block_prefix,
                 progress,
                 self._check_spaces,
+                os.getpid(),
             ),
             name=f"marl-runner-env-worker-{index}",
             daemon=True,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import pickle
 import signal
+import threading
 import time
 from collections.abc import Callable, MutableSequence, Sequence
 from multiprocessing.connection import Connection
@@ -164,6 +165,42 @@ def pin_to_cpu(cpu: int) -> None:
         pass
 
 
+#: How often a worker looks whether the runner's process is still there.
+_PARENT_POLL_S = 0.25
+
+
+def exit_with_parent(parent_pid: int) -> None:
+    """Ends this process when the runner's process ``parent_pid`` is gone, whatever the
+    worker is busy with (building a slow sub-env, say): a daemon thread polls it.
+
+    Not ``prctl(PR_SET_PDEATHSIG)``: under forkserver a worker's parent is the fork
+    server, which outlives the runner (every worker holds a copy of the fd whose closing
+    would tell the server to exit).
+    """
+
+    def watch() -> None:
+        while _alive(parent_pid):
+            time.sleep(_PARENT_POLL_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="marl-runner-parent-watch", daemon=True).start()
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, killed but not yet reaped, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return True  # no /proc: os.kill said it exists
+
+
 def worker_main(
     conn: Connection,
     make_one: Callable[[int], MultiAgentEnv],
@@ -173,6 +210,7 @@ def worker_main(
     block_prefix: str | None = None,
     progress: MutableSequence[float] | None = None,
     check_spaces: bool = False,
+    parent_pid: int | None = None,
 ) -> None:
     """Serve step/reset/restart/render/close requests for `env_ids` until closed.
 
@@ -181,9 +219,13 @@ def worker_main(
     `Malformed`. With `cpu`, the worker pins itself to that CPU first
     (`pin_to_cpu`). Shared-memory blocks are named `block_prefix` + a
     number, so the parent can free them if this worker is killed. When the
-    parent is gone (its end of the pipe closed) the worker just exits.
+    parent is gone (its end of the pipe closed) the worker just exits; if it
+    goes while the worker is busy (building a slow sub-env, say), the worker
+    is ended all the same (``exit_with_parent``, given the runner's ``parent_pid``).
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    if parent_pid is not None:
+        exit_with_parent(parent_pid)
     if cpu is not None:
         pin_to_cpu(cpu)
     sub_envs = _SubEnvs(make_one, worker_index, check_spaces, progress)
