@@ -31,6 +31,7 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+import psutil
 from rich.console import Console
 from rich.table import Table
 
@@ -79,6 +80,7 @@ def client_process(address: str, threads: int, start: float, end: float, seed: i
     """`threads` client threads from `start` to `end` (wall clock); their merged results."""
     results = [{"latencies": [], "errors": []} for _ in range(threads)]
     time.sleep(max(0.0, start - time.time()))
+    cpu = time.process_time()
     workers = [
         threading.Thread(target=_play, args=(address, end, seed * 1000 + i, results[i]))
         for i in range(threads)
@@ -88,6 +90,7 @@ def client_process(address: str, threads: int, start: float, end: float, seed: i
     for worker in workers:
         worker.join()
     return {
+        "cpu_s": time.process_time() - cpu,
         "latencies": [x for r in results for x in r["latencies"]],
         "errors": [e for r in results for e in r["errors"]],
         "episodes": sum(r.get("episodes", 0) for r in results),
@@ -131,7 +134,10 @@ def measure_served(num_clients: int, num_processes: int, duration_s: float) -> d
                 )
                 for i in range(num_processes)
             ]
+            time.sleep(max(0.0, start - time.time()))
+            server_cpu = _cpu_s(server.pid)
             parts = [json.loads(c.communicate(timeout=duration_s + 120)[0]) for c in clients]
+            server_cpu = _cpu_s(server.pid) - server_cpu
         finally:
             server.send_signal(signal.SIGINT)
             output, _ = server.communicate(timeout=120)
@@ -145,12 +151,21 @@ def measure_served(num_clients: int, num_processes: int, duration_s: float) -> d
         "p50_ms": float(np.percentile(latencies, 50)) if len(latencies) else float("nan"),
         "p99_ms": float(np.percentile(latencies, 99)) if len(latencies) else float("nan"),
         "errors": len(errors),
+        # CPU per get_action call (its log_returns and a share of episode starts and ends
+        # included), over the window and the last episodes' ends.
+        "server_cpu_us": server_cpu / max(len(latencies), 1) * 1e6,
+        "client_cpu_us": sum(p["cpu_s"] for p in parts) / max(len(latencies), 1) * 1e6,
         "first_errors": errors[:3],
         "episodes_finished": sum(p["episodes"] for p in parts),
         "episodes_written": written,
         "server_exit": server.returncode,
         "server_tail": output[-2000:] if server.returncode else "",
     }
+
+
+def _cpu_s(pid: int) -> float:
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
 
 
 def measure_codecs(repeats: int) -> list[dict[str, Any]]:
@@ -197,12 +212,13 @@ def print_external(console: Console, result: dict[str, Any]) -> None:
                   f"loopback, {EPISODE_LEN}-step episodes of {NUM_AGENTS} drones, "
                   f"{result['duration_s']:g} s")
     for column in ("clients", "processes", "get_action calls/s", "p50 ms", "p99 ms", "errors",
-                   "episodes finished", "written"):
+                   "episodes finished", "written", "server CPU µs/call", "clients CPU µs/call"):
         table.add_column(column, justify="right")
     for r in result["served"]:
         table.add_row(str(r["clients"]), str(r["processes"]), f"{r['calls_per_s']:,.0f}",
                       f"{r['p50_ms']:.1f}", f"{r['p99_ms']:.1f}", str(r["errors"]),
-                      f"{r['episodes_finished']:,}", f"{r['episodes_written']:,}")
+                      f"{r['episodes_finished']:,}", f"{r['episodes_written']:,}",
+                      f"{r['server_cpu_us']:,.0f}", f"{r['client_cpu_us']:,.0f}")
     console.print(table)
     for r in result["served"]:
         for error in r["first_errors"]:
