@@ -96,9 +96,10 @@ def draw(
         for seed_index, run in enumerate(runs):
             rows = read_progress_csv(run / "progress.csv")
             steps = np.array([row["env_steps"] for row in rows])
-            values = np.array([row[column] for row in rows])
+            curve = smoothed(np.array([row[column] for row in rows]), window)
+            measured = np.isfinite(curve)  # a column measured every few iterations: join them
             axes.plot(
-                steps, smoothed(values, window), color=f"C{colour}", alpha=0.85,
+                steps[measured], curve[measured], color=f"C{colour}", alpha=0.85,
                 label=label if seed_index == 0 else None,
             )  # fmt: skip
             summary = read_summary(run)

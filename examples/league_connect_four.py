@@ -15,11 +15,15 @@ old versions around as opponents. Read it top to bottom:
   snapshot in its seat (the runner asks the mapping again for those agents);
 - ``LeagueMatchmaker``, set as the runner's mapping function, draws for each
   game a seat for the learner and an opponent from the pool;
+- with ``--bot-share``, that share of the games is against the 1-ply bot of
+  ``examples/connect_four_bots.py`` (policy ``bot``, never removed) instead of
+  a snapshot; the learner's win rate in them is logged apart (``bot_win``);
 - each iteration logs the learner's win/draw/loss rates against the pool
   (``progress.csv``, ``win_rate_vs_pool.png``); the final matches against
-  ``RandomPolicy`` are those of the self-play example.
+  ``RandomPolicy`` and the 1-ply bot are those of the self-play example.
 
     python examples/league_connect_four.py --total-env-steps 200000
+    python examples/league_connect_four.py --bot-share 0.5 --eval-bot-games-during 100
     python examples/league_connect_four.py --smoke   # a few seconds
 """
 

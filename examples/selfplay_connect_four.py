@@ -20,11 +20,14 @@ both sides. Each iteration:
 At the end the trained weights, and for reference the untrained ones, play
 ``--eval-games`` games against ``RandomPolicy``, half in each seat, once
 taking the most likely allowed move and once sampling; win/draw/loss rates
-are reported per seat. Every row of these matches is checked: the chosen
+are reported per seat. Then ``--eval-bot-games`` against the 1-ply bot of
+``examples/connect_four_bots.py`` (win at once, else block, else random), the
+bar that means something. Every row of these matches is checked: the chosen
 column must be allowed by the row's action mask.
 
 Writes to ``--run-dir``: ``progress.csv``, ``learning_curve.png`` (win %
-against RandomPolicy over env steps, the final matches as reference lines),
+against RandomPolicy, and with ``--eval-bot-games-during`` against the bot,
+over env steps, the final matches as reference lines),
 ``summary.json`` and ``final.ckpt`` (a runner checkpoint, for
 ``marl_runner.restore_checkpoint``). The plot needs matplotlib
 (``pip install -e '.[plot]'``), checked at start-up; summary.json is written
