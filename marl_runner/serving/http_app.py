@@ -57,10 +57,9 @@ STATUS_OF: tuple[tuple[type[BaseException], HTTPStatus], ...] = (
 class HTTPStatusError(Exception):
     """A request refused with a given status (unknown endpoint, wrong method, too big...)."""
 
-    def __init__(self, status: HTTPStatus, message: str, headers: dict | None = None) -> None:
+    def __init__(self, status: HTTPStatus, message: str) -> None:
         super().__init__(message)
         self.status = status
-        self.headers = headers or {}
 
 
 @dataclass(frozen=True)
@@ -231,8 +230,8 @@ class HttpEndpoint:
         try:
             return await self._answer(request, content_type)
         except HTTPStatusError as exc:
-            return _error(exc.status, str(exc), content_type, headers=exc.headers,
-                          close=exc.status != HTTPStatus.OK and _declares_body(request))
+            # A refused head's body was never read: the connection cannot carry another request.
+            return _error(exc.status, str(exc), content_type, close=_declares_body(request))
         finally:
             self._in_progress -= 1
             if not self._in_progress:
