@@ -49,7 +49,7 @@ from marl_runner.cli.common import (
 from marl_runner.cli.display import ProgressReporter, SampleCounts, make_progress, metrics_table
 from marl_runner.config import RunnerConfig
 from marl_runner.metrics_log import MetricsLogWriter, RunMetrics
-from marl_runner.serving.episode_counts import num_episodes
+from marl_runner.serving.batches import num_episodes
 
 DEFAULT_PORT = 9900
 TOKEN_ENV_VAR = "MARL_RUNNER_TOKEN"
@@ -148,6 +148,15 @@ def add_serve_parser(commands: Any, common: argparse.ArgumentParser) -> None:
         "after the --request-timeout head start (default 64)",
     )
     serve.add_argument(
+        "--workers",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="serve local inference from N processes on one port (default 1): N - 1 more "
+        "decode and check uploads, this one writes --out and merges filter statistics. "
+        "Remote-inference calls then get 501: an episode's connector state lives in one runner",
+    )
+    serve.add_argument(
         "--progress-interval",
         type=float,
         default=10.0,
@@ -193,7 +202,8 @@ def _serve(
     metrics_log: MetricsLogWriter | None,
 ) -> int:
     from marl_runner import EnvRunner  # imports torch: only when serving
-    from marl_runner.serving.server import PolicyServer, ServerSetupError
+    from marl_runner.serving.server import PolicyServer, ServerSetupError, listening_socket
+    from marl_runner.serving.workers import start_workers
 
     counts = SampleCounts()
     stop = threading.Event()
@@ -211,23 +221,26 @@ def _serve(
             run_metrics = RunMetrics(runner.get_metrics, metrics_log)
             files = None if args.out is None else BatchFileWriter(args.out, args.format, runner)
             writer = _Writer(counts, progress, files, stop, unit, target, run_metrics)
+            settings = {"max_body_bytes": int(args.max_body_mb * 1024 * 1024), **_capacity(args)}
+            several = args.workers > 1
             try:
                 server = PolicyServer(
-                    runner,
-                    args.host,
-                    args.port,
-                    token=token,
-                    max_body_bytes=int(args.max_body_mb * 1024 * 1024),
-                    **_capacity(args),
+                    runner, args.host, args.port, token=token, local_only=several,
+                    sock=listening_socket(args.host, args.port, reuse_port=several), **settings,
                 )
             except (ServerSetupError, OSError) as exc:
                 raise CommandError(f"cannot serve on {args.host}:{args.port}: {exc}") from exc
+            workers: list = []
             try:
                 try:
                     server.start()
+                    if several:
+                        workers = start_workers(args.workers - 1, server, config.to_dict(),
+                                                token, settings)
+                    how = (f"{args.workers} processes, local inference only" if several
+                           else f"{config.num_envs} episodes at once")
                     console.print(
-                        f"serving {config.env['name']} on {server.address} "
-                        f"({config.num_envs} episodes at once)",
+                        f"serving {config.env['name']} on {server.address} ({how})",
                         highlight=False,
                         soft_wrap=True,
                     )
@@ -236,7 +249,7 @@ def _serve(
                         try:
                             server.serve(stop, writer)
                         finally:
-                            _stop_serving(runner, server, writer)
+                            _stop_serving(runner, server, writer, workers)
                 finally:  # failed before serving (a closed stdout): nothing else closes it
                     if not server.closing:
                         server.close()
@@ -287,18 +300,22 @@ def _count(number: int, singular: str, plural: str | None = None) -> str:
     return f"{number} {singular if number == 1 else plural or singular + 's'}"
 
 
-def _stop_serving(runner: Any, server: Any, writer: _Writer) -> None:
+def _stop_serving(runner: Any, server: Any, writer: _Writer, workers: list) -> None:
     """Everything a client was told is done gets written: queued steps, then uploads.
 
     New client calls get 503 from the first line on, so the runner's queue
     only shrinks; the loop ends at the first poll that finds it empty.
+    Workers close first: the uploads they answered 200 are queued here by then.
     """
+    from marl_runner.serving.workers import stop_workers
+
     runner.env.stop_episodes("the server is stopping")
     try:
         while not runner.env.drained:
             for item in runner.step():
                 writer(item)
     finally:
+        stop_workers(workers)
         server.close()  # no new requests; the uploads already answered are queued
         runner.stop()
         server.drain_uploads(writer)

@@ -36,6 +36,13 @@ _INTEGER_COLUMNS = ("eps_id", "t", "env_id", "agent_index", "unroll_id", "env_t"
 MAX_AGENT_ID_CHARS = 64
 
 
+def num_episodes(batch: MultiAgentBatch) -> int:
+    """Distinct episode ids over all policies (an episode's agents may map to several): what
+    `serve` counts, writes and reports."""
+    ids = [pb["eps_id"] for pb in batch.policy_batches.values() if "eps_id" in pb and len(pb)]
+    return len(np.unique(np.concatenate(ids))) if ids else 0
+
+
 def batch_to_value(batch: MultiAgentBatch) -> dict[str, Any]:
     """Numeric columns stay arrays; object and string columns (infos, nested actions, agent
     ids) become lists."""

@@ -20,12 +20,7 @@ value a call takes is checked at the call by the server's own checks
 modes; bodies use the safe binary codec (never pickle). An unknown or
 finished episode id raises `ValueError`, as in-process.
 
-Connection failures: a failed connection is replaced by a fresh one on the
-next call. Calls that cannot act twice (any call whose connection could not
-be opened, `GET` calls, a 503 with `Retry-After`) are retried `retries`
-times with exponential backoff from `backoff_s`; a `POST` that may have
-reached the server is not: the error is `PolicyServerUnavailable` naming
-the server and the call (see `marl_runner.serving.transport`).
+Connection failures and retries: `marl_runner.serving.transport`.
 """
 
 from __future__ import annotations

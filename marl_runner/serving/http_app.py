@@ -172,15 +172,10 @@ class HttpEndpoint:
             raise failure[0]
 
     def close(self, on_closed: Callable[[], None], wait_s: float | None = None) -> None:
-        """Stops serving without losing an answered request.
-
-        Stops accepting; new requests get 503. Waits up to `wait_s` (default
-        `close_wait_s`) for the requests in progress, then calls `on_closed`
-        on the loop and closes the idle connections. Requests still running
-        finish in the background (aiohttp's graceful shutdown, at most
-        `close_wait_s` more), so they get their own answer (503 for an upload
-        `on_closed` refused) rather than a dropped connection.
-        """
+        """Stops accepting (new requests: 503), waits up to `wait_s` (default `close_wait_s`)
+        for the requests in progress, calls `on_closed` and closes idle connections. Requests
+        still running finish in the background (aiohttp's graceful shutdown, `close_wait_s`
+        more), with their own answer (503 for an upload `on_closed` refused)."""
         if self._close_began:
             return  # closed already: a second call has nothing left to do
         self.closing = self._close_began = True

@@ -24,8 +24,7 @@ import uuid
 from marl_runner.config import RunnerConfig, space_from_spec
 from marl_runner.distributed.filter_states import pop_filter_deltas
 from marl_runner.envs import ExternalMultiAgentEnv, register_env
-from marl_runner.serving.batches import batch_to_value
-from marl_runner.serving.episode_counts import num_episodes
+from marl_runner.serving.batches import batch_to_value, num_episodes
 from marl_runner.serving.transport import HttpTransport
 from marl_runner.serving.validation import CallValues
 

@@ -1,28 +1,21 @@
 """`PolicyServer`: an EnvRunner with `vectorize: external` behind an HTTP endpoint.
 
-Each request is one of the five external-env calls, or, for clients that run
-the policies themselves (`inference_mode="local"`), a download of the
-spaces/config and of the current weights and connector state, or an upload
-of experience batches. The HTTP side is aiohttp's server (`http_app`);
-bodies use `codec` (never pickle); every value is checked (`validation`,
-`batches`) before it reaches the env, so a bad request costs a 4xx, never
-the server.
-
-`get_action` requests wait on the event loop, not in a thread each: the
-runner's poll takes every request queued at that moment (waiting up to
-`remote_env_batch_wait_ms` for the other running episodes) and runs one
-forward pass for them in the sampling loop's thread, off the event loop.
-
-Closing loses nothing that was answered 200: `close()` stops accepting,
-answers any new request 503, waits for the requests in progress, and only
-then lets the caller drain the uploads; an upload that outlives that wait is
-refused, never queued after the drain.
+Each request is one of the five external-env calls, or, for local-inference
+clients, a download of the spaces and config or of the weights and
+connector state, or an upload of experience batches. The HTTP side is
+aiohttp's server (`http_app`); bodies use `codec` (never pickle); every value
+is checked (`validation`, `batches`) before it reaches the env, so a bad
+request costs a 4xx, never the server. A `get_action` waits on the event
+loop, not in a thread: the runner's poll takes every request queued (up to
+`remote_env_batch_wait_ms` for the other episodes) into one forward pass, in
+the sampling loop's thread. Closing loses nothing answered 200 (`close()`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import ipaddress
+import os
 import queue
 import socket
 import threading
@@ -63,22 +56,10 @@ def is_loopback(host: str) -> bool:
 
 
 def listening_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
-    """A TCP socket bound to `host:port` (port 0: a free one), ready to listen.
-
-    `reuse_port`: several processes may bind the same port (`SO_REUSEPORT`);
-    the kernel spreads new connections over them.
-    """
+    """A TCP socket listening on `host:port` (port 0: a free one); `reuse_port`: other
+    processes may listen on it too (`SO_REUSEPORT`: the kernel spreads new connections)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if reuse_port:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.bind((host, port))
-    except OSError:
-        sock.close()
-        raise
-    return sock
+    return socket.create_server((host, port), family=family, reuse_port=reuse_port)
 
 
 class PolicyServer:
@@ -101,7 +82,9 @@ class PolicyServer:
     `MIN_CONCURRENCY`, or 2 * num_envs + 16 when that is more, so every
     episode slot can have a waiting caller); the other settings are
     `HttpSettings`'. `sock`: a socket already bound (e.g. shared by worker
-    processes), instead of binding `host:port`.
+    processes), instead of binding `host:port`. `local_only`: remote-inference
+    calls get 501 (`serve --workers N`: see `workers`); `upstream`: a worker's
+    link to the main process, which queues its uploads and runs its weight syncs.
     """
 
     def __init__(
@@ -114,6 +97,8 @@ class PolicyServer:
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         max_concurrency: int | None = None,
         sock: socket.socket | None = None,
+        local_only: bool = False,
+        upstream: Any = None,
         **settings: Any,
     ) -> None:
         if not isinstance(runner.env, ExternalVectorEnv):
@@ -137,7 +122,10 @@ class PolicyServer:
         if max_concurrency is None:
             max_concurrency = max(MIN_CONCURRENCY, 2 * runner.env.num_envs + 16)
         self.settings = HttpSettings(max_body_bytes, max_concurrency, **settings)
+        self.upstream = upstream
         routes = {("POST", name): getattr(self, f"_{name}") for name in POST_CALLS}
+        if local_only:
+            routes.update({("POST", name): self._remote_refused for name in REMOTE_CALLS})
         routes.update({("GET", name): getattr(self, f"_{name}") for name in GET_CALLS})
         sock = sock if sock is not None else listening_socket(host, port)
         self._bound: tuple[str, int] = sock.getsockname()[:2]
@@ -266,11 +254,24 @@ class PolicyServer:
     async def _experiences(self, body: dict) -> dict:
         # Checking a big upload takes a while: in a thread, so the event loop goes on.
         batch = await asyncio.to_thread(batch_from_value, _object(body), self.runner.policy_map)
-        with self._uploads_lock:  # queued before close() stops waiting, or refused
+        if self.upstream is not None:
+            return await asyncio.to_thread(self.upstream.call, "experiences", batch)
+        return self.accept_upload(batch)
+
+    def accept_upload(self, batch: Any) -> dict:
+        """Queues a checked upload for `drain_uploads`, or refuses it once closing stopped
+        waiting (so nothing answered 200 is left behind)."""
+        with self._uploads_lock:
             if not self._uploads_open:
                 raise ExternalEnvStopped(f"{STOPPING_MESSAGE} (the upload was not written)")
             self.uploads.put(batch)
         return {}
+
+    async def _remote_refused(self, body: Any) -> dict:
+        raise NotImplementedError(
+            "this server runs several processes for local inference (serve --workers N): "
+            "use PolicyClient(inference_mode='local'), or serve remote inference with --workers 1"
+        )
 
     async def _info(self, body: None) -> dict:
         agents = list(self.env.possible_agents)
@@ -284,14 +285,16 @@ class PolicyServer:
     async def _state(self, body: dict) -> bytes:
         deltas = filter_deltas_of(_object(body), self.runner.policy_map)
         # Waits for the sampling loop to merge and snapshot between two steps.
+        if self.upstream is not None:
+            return await asyncio.to_thread(self.upstream.call, "state", deltas)
         return await asyncio.to_thread(self.state_sync.exchange, deltas)
 
     async def _health(self, body: None) -> dict:
-        return {"ok": True, "running_episodes": self.board.num_running}
+        return {"ok": True, "running_episodes": self.board.num_running, "process": os.getpid()}
 
 
-POST_CALLS = ("start_episode", "get_action", "log_action", "log_returns", "end_episode",
-              "experiences", "state")
+REMOTE_CALLS = ("start_episode", "get_action", "log_action", "log_returns", "end_episode")
+POST_CALLS = (*REMOTE_CALLS, "experiences", "state")
 GET_CALLS = ("info", "health")
 
 

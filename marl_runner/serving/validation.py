@@ -36,11 +36,8 @@ from marl_runner.serving.value_checks import (
 __all__ = [
     "CallValues",
     "RequestError",
-    "agent_values",
     "episode_id_of",
     "filter_deltas_of",
-    "infos_of",
-    "rewards_of",
     "to_space",
 ]
 
@@ -60,65 +57,6 @@ def episode_id_of(body: dict, *, required: bool = True) -> Any:
     return value
 
 
-def agent_values(
-    body: dict,
-    key: str,
-    space_of: Callable[[Any], gym.Space],
-    *,
-    allow_empty: bool = False,
-    action_space_of: Callable[[Any], gym.Space] | None = None,
-) -> dict[Any, Any]:
-    """`body[key]` as a dict agent_id -> value converted to the agent's space.
-
-    With `action_space_of`, an `action_mask` entry of a Dict value (a Dict
-    observation carrying its mask) must allow some action of that space.
-    """
-    values = body.get(key)
-    if not isinstance(values, dict):
-        raise RequestError(f"{key}: expected an object agent_id -> value, got {_kind(values)}")
-    if not values and not allow_empty:
-        raise RequestError(f"{key}: expected at least one agent")
-    out = {}
-    for agent, value in values.items():
-        space = _agent_space(space_of, agent, key)
-        where = f"{_FIELD_NAMES.get(key, key)} of agent {agent!r}"
-        out[agent] = to_space(space, value, where)
-        if action_space_of is not None and isinstance(out[agent], dict) and ACTION_MASK in out[agent]:
-            check_action_mask(out[agent][ACTION_MASK], action_space_of(agent), f"{where}[{ACTION_MASK!r}]")
-    return out
-
-
-def rewards_of(body: dict, space_of: Callable[[Any], gym.Space]) -> dict[Any, float]:
-    """`body["rewards"]`: finite rewards (float32-sized) of agents the env has."""
-    rewards = body.get("rewards")
-    if not isinstance(rewards, dict):
-        raise RequestError(f"rewards: expected an object agent_id -> number, got {_kind(rewards)}")
-    out = {}
-    for agent, reward in rewards.items():
-        _agent_space(space_of, agent, "rewards")
-        out[agent] = finite_reward(reward, f"reward of agent {agent!r}")
-    return out
-
-
-def infos_of(body: dict, action_space_of: Callable[[Any], gym.Space]) -> dict[Any, dict] | None:
-    """`body["infos"]`: JSON-safe dicts of agents the env has (an `action_mask` must fit)."""
-    infos = body.get("infos")
-    if infos is None:
-        return None
-    if not isinstance(infos, dict):
-        raise RequestError(f"infos: expected an object agent_id -> object, or null, got {_kind(infos)}")
-    out = {}
-    for agent, info in infos.items():
-        action_space = _agent_space(action_space_of, agent, "infos")
-        where = f"infos of agent {agent!r}"
-        if not isinstance(info, dict):
-            raise RequestError(f"{where}: expected an object, got {_kind(info)}")
-        out[agent] = json_safe(info, where)
-        if ACTION_MASK in out[agent]:
-            check_action_mask(out[agent][ACTION_MASK], action_space, f"{where}[{ACTION_MASK!r}]")
-    return out
-
-
 class CallValues:
     """The values of the five calls checked against `env`'s agents and spaces (an
     `ExternalMultiAgentEnv`); each method returns them converted, or raises `RequestError`."""
@@ -127,23 +65,59 @@ class CallValues:
         self.env = env
 
     def obs(self, obs: Any, *, allow_empty: bool = False) -> dict:
-        """Observations: each in its agent's space, any action mask allowing an action."""
-        return agent_values(
-            {"obs": obs}, "obs", self.env.get_observation_space, allow_empty=allow_empty,
-            action_space_of=self.env.get_action_space,
-        )
+        """Observations in their agents' spaces; an `action_mask` of a Dict observation must
+        allow some action."""
+        return self._agent_values(obs, "obs", self.env.get_observation_space, allow_empty, True)
 
     def actions(self, actions: Any) -> dict:
         """Logged (off-policy) actions, each in its agent's action space."""
-        return agent_values({"actions": actions}, "actions", self.env.get_action_space)
+        return self._agent_values(actions, "actions", self.env.get_action_space, False, False)
 
-    def rewards(self, rewards: Any) -> dict:
+    def rewards(self, rewards: Any) -> dict[Any, float]:
         """Finite, float32-sized rewards of known agents."""
-        return rewards_of({"rewards": rewards}, self.env.get_observation_space)
+        out = {}
+        for agent, reward in _object_of(rewards, "rewards", "number").items():
+            _agent_space(self.env.get_observation_space, agent, "rewards")
+            out[agent] = finite_reward(reward, f"reward of agent {agent!r}")
+        return out
 
-    def infos(self, infos: Any) -> dict | None:
-        """JSON-safe infos of known agents (a batch file can store them), or None."""
-        return infos_of({"infos": infos}, self.env.get_action_space)
+    def infos(self, infos: Any) -> dict[Any, dict] | None:
+        """JSON-safe infos of known agents (a batch file can store them; an `action_mask` must
+        fit), or None."""
+        if infos is None:
+            return None
+        out = {}
+        for agent, info in _object_of(infos, "infos", "object, or null").items():
+            action_space = _agent_space(self.env.get_action_space, agent, "infos")
+            where = f"infos of agent {agent!r}"
+            if not isinstance(info, dict):
+                raise RequestError(f"{where}: expected an object, got {_kind(info)}")
+            out[agent] = json_safe(info, where)
+            if ACTION_MASK in out[agent]:
+                check_action_mask(out[agent][ACTION_MASK], action_space, f"{where}[{ACTION_MASK!r}]")
+        return out
+
+    def _agent_values(
+        self, values: Any, key: str, space_of: Callable[[Any], gym.Space], allow_empty: bool,
+        masks: bool,
+    ) -> dict:
+        values = _object_of(values, key, "value")
+        if not values and not allow_empty:
+            raise RequestError(f"{key}: expected at least one agent")
+        out = {}
+        for agent, value in values.items():
+            where = f"{_FIELD_NAMES[key]} of agent {agent!r}"
+            out[agent] = to_space(_agent_space(space_of, agent, key), value, where)
+            if masks and isinstance(out[agent], dict) and ACTION_MASK in out[agent]:
+                check_action_mask(out[agent][ACTION_MASK], self.env.get_action_space(agent),
+                                  f"{where}[{ACTION_MASK!r}]")
+        return out
+
+
+def _object_of(values: Any, key: str, kind: str) -> dict:
+    if not isinstance(values, dict):
+        raise RequestError(f"{key}: expected an object agent_id -> {kind}, got {_kind(values)}")
+    return values
 
 
 def filter_deltas_of(body: dict, policy_map: dict) -> dict[tuple[str, int], dict]:
