@@ -130,7 +130,8 @@ class PolicyClient:
         self._transport.post("end_episode", {"episode_id": episode_id, "obs": obs, "truncated": truncated})
 
     def health(self) -> dict:
-        """The server's `GET /v1/health` (`{"ok": true, "running_episodes": N}`); retried."""
+        """The server's `GET /v1/health` (`{"ok": true, "running_episodes": N, "process": PID}`);
+        retried."""
         return self._transport.get("health")
 
     @property
