@@ -201,7 +201,7 @@ def _serve(
     console: Console,
     metrics_log: MetricsLogWriter | None,
 ) -> int:
-    from marl_runner import EnvRunner  # imports torch: only when serving
+    from marl_runner.sampling.runner import EnvRunner  # imports torch: only when serving
     from marl_runner.serving.server import PolicyServer, ServerSetupError, listening_socket
     from marl_runner.serving.workers import start_workers
 
@@ -405,7 +405,8 @@ class _Writer:
         target: int | None,
         run_metrics: RunMetrics,
     ) -> None:
-        from marl_runner import MultiAgentBatch, RolloutMetrics
+        from marl_runner.batch import MultiAgentBatch
+        from marl_runner.metrics import RolloutMetrics
 
         self._batch_type, self._metrics_type = MultiAgentBatch, RolloutMetrics
         self.counts, self.progress, self.files = counts, progress, files

@@ -35,7 +35,8 @@ class LocalInference:
     """An EnvRunner in this process that serves the client's five calls itself."""
 
     def __init__(self, transport: HttpTransport, update_interval_s: float) -> None:
-        from marl_runner import EnvRunner, MultiAgentBatch  # torch: only for local inference
+        from marl_runner.batch import MultiAgentBatch
+        from marl_runner.sampling.runner import EnvRunner  # torch: only for local inference
 
         self._batch_type = MultiAgentBatch
         self.transport = transport

@@ -89,7 +89,8 @@ def stop_workers(workers: list[multiprocessing.Process], timeout_s: float = 30.0
 
 def _worker_main(config: dict, host: str, port: int, token: str | None, settings: dict,
                  conn: Connection) -> None:
-    from marl_runner import EnvRunner, RunnerConfig
+    from marl_runner.config.runner_config import RunnerConfig
+    from marl_runner.sampling.runner import EnvRunner
     from marl_runner.serving.server import PolicyServer, listening_socket
 
     stop = threading.Event()
