@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 def test_train_mappo_smoke_writes_progress_summary_and_checkpoints(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     result = subprocess.run(
-        [sys.executable, "examples/train_mappo.py", "--smoke", "--run-dir", str(run_dir)],
+        [sys.executable, "examples/train_mappo.py", "--smoke", "--value-norm", "--run-dir", str(run_dir)],
         cwd=REPO, capture_output=True, text=True, timeout=110,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
@@ -40,6 +40,11 @@ def test_train_mappo_smoke_writes_progress_summary_and_checkpoints(tmp_path: Pat
             assert math.isfinite(row[key]), (key, row)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["algorithm"] == "mappo" and summary["env_steps"] == rows[-1]["env_steps"]
+    # Where the time went: sampling and learning apart, each within the training wall time.
+    assert summary["sample_s"] == pytest.approx(sum(row["sample_s"] for row in rows), abs=0.2)
+    assert summary["learn_s"] == pytest.approx(sum(row["train_s"] for row in rows), abs=0.2)
+    assert summary["sample_s"] + summary["learn_s"] <= summary["train_wall_s"] + 0.1
+    assert summary["sample_sps"] > 0 and summary["learn_sps"] > 0
     assert math.isfinite(summary["trained_episode_reward_mean"])
     assert (run_dir / "checkpoints" / "final.ckpt").exists()
 
