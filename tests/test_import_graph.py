@@ -132,9 +132,6 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 KNOWN_UPWARD = {
     # the Ray helpers live in marl_runner.ray_support
     ("marl_runner.envs.ray_vector_env", "marl_runner.distributed.ray_auth"),
-    # EnvRunner, MultiAgentBatch, RolloutMetrics: from their defining modules
-    ("marl_runner.serving", "marl_runner"),
-    ("marl_runner.cli.serve", "marl_runner"),
     # restoring and evaluating a checkpoint build an EnvRunner: they belong above sampling
     ("marl_runner.checkpoint", "marl_runner.sampling"),
 }
@@ -175,10 +172,10 @@ def _within(module: str, package: str) -> bool:
 
 
 def test_a_known_upward_import_covers_only_what_it_names() -> None:
-    assert is_known(("marl_runner.serving.workers", "marl_runner"))
-    assert not is_known(("marl_runner.serving.workers", "marl_runner.cli.app"))
-    assert not is_known(("marl_runner.envs.sync_vector_env", "marl_runner.distributed.ray_auth"))
     assert is_known(("marl_runner.checkpoint.restore", "marl_runner.sampling.runner"))
+    assert not is_known(("marl_runner.checkpoint.restore", "marl_runner.cli.app"))
+    assert not is_known(("marl_runner.checkpoint", "marl_runner"))
+    assert not is_known(("marl_runner.envs.sync_vector_env", "marl_runner.distributed.ray_auth"))
 
 
 def test_the_layer_check_finds_an_upward_import() -> None:

@@ -56,9 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="marl-runner",
         description="Sample multi-agent RL episodes from PettingZoo envs into per-policy batches.",
     )
-    parser.add_argument(
-        "--version", action="version", version=f"%(prog)s {version('marl-runner')}"
-    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version('marl-runner')}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     common = config_arguments()
     add_sample_parser(commands, common)
