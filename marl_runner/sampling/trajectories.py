@@ -9,7 +9,8 @@ construction and no observation is stored twice.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+import functools
+from typing import Any
 
 import numpy as np
 
@@ -27,8 +28,7 @@ KEY_COLUMN = "keys"
 _STORED_FOR_THE_BATCH_ONLY = frozenset({"infos", "env_t", "policy_version", "action_dist_inputs"})
 # What a build with no transition returns: no finished keys, no segments (read-only, shared).
 _NO_KEYS = np.zeros(0, np.int64)
-_NO_TABLE = np.zeros((0, 3), np.int64)
-_NO_KEYS.flags.writeable = _NO_TABLE.flags.writeable = False
+_NO_KEYS.flags.writeable = False
 #: The column that says whether a trajectory's first row in a batch continues an earlier
 #: fragment's transitions (True) or is where its agent's episode starts (False: t == 0).
 CONTINUES = "continues"
@@ -125,16 +125,31 @@ class KeyTable:
         self._free.extend(range(new - 1, old - 1, -1))
 
 
-class Segments(NamedTuple):
-    """Where each trajectory's transitions lie in a built batch, for per-trajectory passes:
-    ``order`` puts the batch's rows (round order) into key order, and each ``table`` row is
-    (key, start, stop) of one trajectory's run in that order."""
+class Segments:
+    """Where each trajectory's transitions lie in a built batch, for per-trajectory passes
+    (worked out only when one asks): ``order`` puts the batch's rows (stored order) into
+    key order, and each ``table`` row is (key, start, stop) of one trajectory's run in that
+    order."""
 
-    order: np.ndarray
-    table: np.ndarray
+    def __init__(self, batch_keys: np.ndarray, num_keys: int) -> None:
+        self.batch_keys = batch_keys
+        self._num_keys = num_keys
+
+    @functools.cached_property
+    def order(self) -> np.ndarray:
+        return _stable_argsort(self.batch_keys, self._num_keys)
+
+    @functools.cached_property
+    def table(self) -> np.ndarray:
+        sorted_keys = self.batch_keys[self.order]
+        if not len(sorted_keys):
+            return np.zeros((0, 3), np.int64)
+        starts = np.flatnonzero(np.append(True, sorted_keys[1:] != sorted_keys[:-1]))
+        stops = np.append(starts[1:], len(sorted_keys))
+        return np.stack([sorted_keys[starts], starts, stops], axis=1)
 
 
-_NO_SEGMENTS = Segments(np.zeros(0, np.intp), _NO_TABLE)
+_NO_SEGMENTS = Segments(_NO_KEYS, 1)
 
 
 class PolicyTrajectories:
@@ -239,10 +254,12 @@ class PolicyTrajectories:
             self._keep(keep_front, keep_finals, hand_off=False)
             return None, finished, _NO_SEGMENTS
 
-        opening = order[:-1][opens]
-        closing = order[1:][opens]
-        by_row = np.argsort(opening)
-        opening, closing = opening[by_row], closing[by_row]
+        # Opening rows in the order they were stored (no second sort): mark them, then
+        # read each one's closing row from a table indexed by row.
+        next_row = np.full(len(all_keys), -1, np.intp)
+        next_row[order[:-1][opens]] = order[1:][opens]
+        opening = np.flatnonzero(next_row >= 0)
+        closing = next_row[opening]
         num_rows = len(opening)
         # The usual case: the opening rows are the first ones stored; the batch takes them
         # where they lie.
@@ -251,15 +268,22 @@ class PolicyTrajectories:
         batch = self._transitions(front, finals, opening, closing, in_place, keys.capacity)
         self._keep(keep_front, keep_finals, hand_off=in_place)
 
-        # Per-trajectory values, row by row from the key table.
-        first_keys, first_rows, key_of_row = np.unique(
-            batch_keys, return_index=True, return_inverse=True
-        )
+        # Per-trajectory values, row by row from the key table. A key's first transition
+        # opens on its group's first row (the groups are in time order).
+        group_starts = np.append(0, group_ends[:-1] + 1)
+        with_transitions = group_starts < group_ends
+        first_keys = sorted_keys[group_starts[with_transitions]]
+        row_in_batch = np.empty(len(all_keys), np.intp)
+        row_in_batch[opening] = np.arange(num_rows)
+        first_rows = row_in_batch[order[group_starts[with_transitions]]]
         batch["eps_id"] = keys.eps_id[batch_keys]
         batch["env_id"] = keys.env_id[batch_keys]
         batch["agent_index"] = keys.agent_index[batch_keys]
         if "agent_id" not in self.exclude:
-            batch["agent_id"] = keys.agent_id[first_keys].astype(str)[key_of_row]  # str() per key
+            segment_of_key = np.empty(keys.capacity, np.intp)
+            segment_of_key[first_keys] = np.arange(len(first_keys))
+            # str() once per trajectory, spread over its rows.
+            batch["agent_id"] = keys.agent_id[first_keys].astype(str)[segment_of_key[batch_keys]]
         if "unroll_id" not in self.exclude:
             batch["unroll_id"] = np.full(num_rows, unroll_id, np.int64)
         # A trajectory's first row here continues an earlier fragment's transitions, or not.
@@ -271,7 +295,7 @@ class PolicyTrajectories:
             batch["seq_lens"] = np.ones(num_rows, np.int32)
         final_rows = np.flatnonzero(closing >= num_front)
         _add_rewards_after_done(batch, final_rows, batch_keys[final_rows], keys)
-        return batch, finished, _segments(batch_keys, keys.capacity)
+        return batch, finished, Segments(batch_keys, keys.capacity)
 
     def _transitions(
         self,
@@ -345,15 +369,6 @@ def _gather(
         else:
             out[in_finals] = final_column[rows[in_finals] - num_front]
     return out
-
-
-def _segments(batch_keys: np.ndarray, num_keys: int) -> Segments:
-    """Each key's run of rows once the batch is put in key order (stable: time order)."""
-    order = _stable_argsort(batch_keys, num_keys)
-    sorted_keys = batch_keys[order]
-    starts = np.flatnonzero(np.append(True, sorted_keys[1:] != sorted_keys[:-1]))
-    stops = np.append(starts[1:], len(order))
-    return Segments(order, np.stack([sorted_keys[starts], starts, stops], axis=1))
 
 
 def _stable_argsort(keys: np.ndarray, num_keys: int) -> np.ndarray:
