@@ -16,8 +16,16 @@ def frame(header: dict, data: bytes = b"") -> bytes:
     return raw_frame(json.dumps(header).encode(), data)
 
 
-def raw_frame(header: bytes, data: bytes = b"") -> bytes:
-    return b"MRB1" + struct.pack("<I", len(header)) + header + data
+def raw_frame(header: bytes, data: bytes = b"", version: int = 1) -> bytes:
+    return struct.pack("<8sIQ", b"MARLBODY", version, len(header)) + header + data
+
+
+def entry(dtype: str, shape: list, offset: int, nbytes: int) -> dict:
+    return {"dtype": dtype, "shape": shape, "offset": offset, "nbytes": nbytes}
+
+
+def one_array(*fields) -> dict:
+    return {"tree": {"__ndarray__": 0}, "arrays": [entry(*fields)]}
 
 
 def test_round_trip_keeps_arrays_dtypes_and_int_keys():
@@ -29,16 +37,16 @@ def test_round_trip_keeps_arrays_dtypes_and_int_keys():
     out = decode(encode(value))
     np.testing.assert_array_equal(out["obs"]["a0"], value["obs"]["a0"])
     assert out["obs"]["a0"].dtype == np.float32 and out["obs"][7].dtype == np.bool_
-    assert out["nested"] == [1, 2.5, None, "x", [3, 0.5]]
+    assert out["nested"] == [1, 2.5, None, "x", (3, 0.5)]
     assert out["empty"].shape == (0, 4) and out["empty"].dtype == np.int16
     out["obs"]["a0"][0, 0] = 9  # a private, writable copy
     assert decode(encode(value, JSON), JSON)["obs"]["7"] == [True, False]
 
 
 def test_objects_are_never_encoded():
-    with pytest.raises(CodecError, match="numeric arrays only"):
+    with pytest.raises(CodecError, match="body.x: array dtype object is not numeric"):
         encode({"x": np.array([object()])})
-    with pytest.raises(CodecError, match="cannot send a set"):
+    with pytest.raises(CodecError, match="a set cannot be stored"):
         encode({"x": {1, 2}})
 
 
@@ -63,17 +71,22 @@ def test_pickle_bodies_are_refused_and_never_run(tmp_path):
 @pytest.mark.parametrize(
     "body, message",
     [
-        (frame({"tree": {"\x00a": 0}, "arrays": [["|O", [1], 0, 8]]}, b"\0" * 8), "numeric dtypes only"),
-        (frame({"tree": {"\x00a": 0}, "arrays": [["V8", [1], 0, 8]]}, b"\0" * 8), "numeric dtypes only"),
-        (frame({"tree": {"\x00a": 0}, "arrays": [["<f4", [3], 0, 8]]}, b"\0" * 8), "needs 12 bytes"),
-        (frame({"tree": {"\x00a": 0}, "arrays": [["<f4", [2], 4, 8]]}, b"\0" * 8), "run past the body"),
-        (frame({"tree": {"\x00a": 1}, "arrays": []}), "array reference 1"),
-        (frame({"tree": {"\x00a": 0, "x": 1}, "arrays": []}), "one key"),
-        (frame({"tree": {"\x00z": 0}, "arrays": []}), "unknown tag"),
-        (frame({"tree": 1}), "exactly the keys"),
-        (b"MRB1" + struct.pack("<I", 10_000) + b"{}", "runs past the end"),
-        (b"MRB1" + struct.pack("<I", 3) + b"{x}", "not valid JSON"),
-        (raw_frame(b'{"tree": ' + b"[" * 100_000 + b"]" * 100_000 + b', "arrays": []}'), "JSON"),
+        (frame(one_array("|O", [1], 0, 8), b"\0" * 8), "expected a numeric dtype"),
+        (frame(one_array("V8", [1], 0, 8), b"\0" * 8), "expected a numeric dtype"),
+        (frame(one_array("<f4", [3], 0, 8), b"\0" * 8), "is 12 bytes, but nbytes is 8"),
+        (frame(one_array("<f4", [2], 4, 8), b"\0" * 8), "lie past the end"),
+        (frame({"tree": {"__ndarray__": 1}, "arrays": []}), "refers to array 1"),
+        (frame({"tree": [{"__ndarray__": 0}, {"__ndarray__": 0}],
+                "arrays": [entry("<f4", [2], 0, 8)]}, b"\0" * 8), "both refer to array 0"),
+        (frame({"tree": [], "arrays": [entry("<f4", [2], 0, 8)]}, b"\0" * 8), "never referenced"),
+        (frame({"tree": [], "arrays": [entry("<f4", [2], 0, 8), entry("<f4", [2], 4, 8)]},
+               b"\0" * 12), "overlaps"),
+        (frame({"tree": {"__items__": 3}, "arrays": []}), "expected a list"),
+        (frame({"tree": 1}), "expected exactly 'tree' and 'arrays'"),
+        (struct.pack("<8sIQ", b"MARLBODY", 1, 10_000) + b"{}", "past its end"),
+        (raw_frame(b"{x}"), "not valid JSON"),
+        (raw_frame(b"{}", version=7), "version 7"),
+        (raw_frame(b'{"tree": ' + b"[" * 100_000 + b"]" * 100_000 + b', "arrays": []}'), "nested too deeply"),
     ],
 )
 def test_malformed_bodies_raise_codec_error(body, message):
