@@ -15,7 +15,7 @@ def ray_local() -> Iterator[Any]:
     ray = pytest.importorskip(
         "ray", reason="Ray is not installed; the Ray tests need the extra: pip install 'marl-runner[ray]'"
     )
-    from marl_runner.distributed.ray_auth import quiet_token_auth_notice
+    from marl_runner.ray_support import quiet_token_auth_notice
 
     started = not ray.is_initialized()
     if started:

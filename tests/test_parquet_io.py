@@ -98,7 +98,7 @@ def test_kaz_schema_names_types_and_metadata(tmp_path: Path, sampled: dict) -> N
 
     meta = schema.metadata
     assert meta[b"marl_runner.format"] == b"marl-runner-parquet/1"
-    assert meta[b"marl_runner.version"] == b"0.1.0"
+    assert meta[b"marl_runner.version"] == marl_runner.__version__.encode()
     assert meta[b"marl_runner.policy_id"] == b"archer"
     assert json.loads(meta[b"marl_runner.env"])["name"] == KAZ["env"]["name"]
     spaces = json.loads(meta[b"marl_runner.spaces"])

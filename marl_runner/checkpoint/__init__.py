@@ -46,7 +46,7 @@ from marl_runner.checkpoint.model_shapes import check_model_shapes
 from marl_runner.checkpoint.trust import ImportRef, chain_imports, config_imports
 from marl_runner.config import ConfigError, RunnerConfig
 from marl_runner.config.memory import check_batch_memory, estimate_batch_memory
-from marl_runner.io.safe_files import FileRefused, memory_limit_bytes, read_regular_file
+from marl_runner.safe_files import FileRefused, memory_limit_bytes, read_regular_file
 
 if TYPE_CHECKING:  # the runner imports torch: only when a checkpoint is restored
     from marl_runner.sampling.runner import EnvRunner

@@ -24,9 +24,9 @@ from marl_runner.envs.pettingzoo_wrappers import AECPettingZooEnv
 from marl_runner.envs.registry import EnvFactory
 from marl_runner.envs.vector_backends import vector_backend
 from marl_runner.io import FORMATS, list_batch_files, write_batch
-from marl_runner.io.safe_files import memory_limit_bytes
 from marl_runner.mapping import PolicyMappingError, make_policy_mapping_fn
 from marl_runner.metrics_log import MetricsLogWriter
+from marl_runner.safe_files import memory_limit_bytes
 
 EXIT_OK = 0
 EXIT_FAILURE = 1

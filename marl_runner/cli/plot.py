@@ -26,7 +26,15 @@ RUN_FILES = ("metrics.jsonl", "progress.csv")
 
 
 #: Columns (or their last `/` part, e.g. `archer/policy_loss`) that only a training run records.
-TRAINING_COLUMNS = ("iteration", "policy_loss", "value_loss", "entropy", "approx_kl", "lr", "train_s")
+TRAINING_COLUMNS = (
+    "iteration",
+    "policy_loss",
+    "value_loss",
+    "entropy",
+    "approx_kl",
+    "lr",
+    "train_s",
+)
 
 
 def add_plot_parser(commands: Any) -> None:

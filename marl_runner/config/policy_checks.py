@@ -94,9 +94,7 @@ def _check_policy(pid: str, spec: Any) -> PolicySpec:
         "action_connectors": _check_connectors(
             spec.get("action_connectors"), f"{key}.action_connectors", "action"
         ),
-        "observation_space": check_space(
-            spec.get("observation_space"), f"{key}.observation_space"
-        ),
+        "observation_space": check_space(spec.get("observation_space"), f"{key}.observation_space"),
         "action_space": check_space(spec.get("action_space"), f"{key}.action_space"),
         "config": check_str_keyed(spec.get("config"), f"{key}.config", "policy settings"),
     }
@@ -223,8 +221,6 @@ def _check_connector_name(name: str, key: str, kind: str) -> None:
             f"name ({', '.join(known)}), a name given to connectors.register_connector before "
             "the config is loaded, or an import path 'pkg.module:Class'",
         )
-
-
 
 
 def check_space(spec: Any, key: str) -> gym.Space | None:

@@ -48,7 +48,11 @@ def space_from_spec(spec: Any, key: str = "space") -> gym.Space:
             return gym.spaces.Discrete(spec["n"], start=spec.get("start", 0))
         if kind == "Box":
             dtype = np.dtype(spec.get("dtype", "float32"))
-            shape = _bounded_shape(spec["shape"], f"{key}.shape") if spec.get("shape") is not None else None
+            shape = (
+                _bounded_shape(spec["shape"], f"{key}.shape")
+                if spec.get("shape") is not None
+                else None
+            )
             return gym.spaces.Box(
                 _bound(spec["low"], dtype), _bound(spec["high"], dtype), shape=shape, dtype=dtype
             )

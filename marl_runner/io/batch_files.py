@@ -61,7 +61,7 @@ from marl_runner.io.batch_checks import (
 )
 from marl_runner.io.json_rows import row_to_json
 from marl_runner.io.row_dicts import stack_row_dicts, unstack_row_dicts
-from marl_runner.io.safe_files import FileRefused, open_regular_file
+from marl_runner.safe_files import FileRefused, open_regular_file
 
 __all__ = ["FORMATS", "batch_path", "list_batch_files", "read_batch", "read_batches", "write_batch"]
 

@@ -33,7 +33,7 @@ from marl_runner.config import ConfigError, space_to_spec
 from marl_runner.io.atomic import fsync_directory, write_atomically
 from marl_runner.io.batch_checks import BatchFileError, field, load_json, shortened
 from marl_runner.io.parquet_columns import batch_to_table, read_records, table_to_batch
-from marl_runner.io.safe_files import FileRefused, open_regular_file
+from marl_runner.safe_files import FileRefused, open_regular_file
 
 __all__ = [
     "DEFAULT_MAX_ROWS_PER_FILE",
