@@ -42,10 +42,6 @@ LINKED = ("examples", "benchmarks", "scripts", ".venv")
 BLOCK_TIMEOUT_S = 600
 _FENCE = re.compile(r"^( *)```(\w*)[^\n]*\n(.*?)^\1```[ \t]*$", re.S | re.M)
 _MARKER = re.compile(r"<!--\s*docs-test:\s*(slow|skip|save-as)\s*(?::\s*(.*?))?\s*-->\s*$")
-#: Pages whose long blocks have no marker yet (others are editing them): every block of
-#: theirs without a marker runs in the slow suite. Remove a page once its long blocks
-#: (sampling thousands of steps, training, a server) are marked.
-UNMARKED_PAGES = {"docs/DATA.md", "docs/EVALUATE.md", "docs/SERVING.md"}
 #: A shell block's step counts, made small: (flag, the most it runs).
 STEP_FLAGS = {"--steps": 400, "--episodes": 2, "--total-env-steps": 2048, "--duration": 1}
 
@@ -83,8 +79,6 @@ def page_blocks(page: Path) -> list[Block]:
         elif marker:
             block.mode, block.reason = marker.group(1), marker.group(2) or ""
             assert block.mode != "skip" or block.reason, f"{block.name}: say why it is skipped"
-        elif block.name.rpartition(":")[0] in UNMARKED_PAGES:
-            block.mode = "slow"
         blocks.append(block)
     return blocks
 
