@@ -87,3 +87,19 @@ def test_estimate_rows_and_row_bytes():
     check_batch_memory(parallel, parallel.total_bytes)
     with pytest.raises(ConfigError, match="one batch needs about"):
         check_batch_memory(parallel, parallel.total_bytes - 1)
+
+
+def test_serve_refuses_episode_slots_that_cannot_fit(tmp_path, capsys):
+    path = tmp_path / "serve.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "env": {"name": "examples.serving_envs:DroneSwarm"},
+                "vectorize": "external",
+                "num_envs": 10_000_000,
+                "policies": {"pilot": {}},
+            }
+        )
+    )
+    assert main(["serve", str(path), "--port", "0"]) == 2
+    assert "num_envs 10,000,000" in capsys.readouterr().err

@@ -41,6 +41,7 @@ from marl_runner.cli.common import (
     add_metrics_out_arguments,
     add_out_format_argument,
     check_imports,
+    check_memory,
     describe,
     load_config,
     positive_int,
@@ -183,6 +184,7 @@ def run_serve(args: argparse.Namespace) -> int:
     config = dataclasses.replace(
         config, restart_failed_sub_environments=True, batch_mode="complete_episodes"
     )
+    check_memory(config)  # the episode slots' rows, as sample and validate count them
     token = args.token or os.environ.get(TOKEN_ENV_VAR) or None
     if not token and not is_loopback(args.host):
         raise CommandError(
