@@ -30,3 +30,18 @@ def test_columns_added_late_or_missing_stay_row_aligned_across_growth() -> None:
     buffer.append({"keys": np.array([7])}, 1)
     np.testing.assert_array_equal(buffer.view()["keys"], [599, 5, 7])
     assert buffer.view()["late"][2].tolist() == [0.0, 0.0]
+
+
+def test_hand_offs_in_a_row_keep_each_batch_and_the_rows_left():
+    """complete_episodes hands off once per finished episode, several before the next
+    append: each batch keeps its rows, and the rows kept go on after them."""
+    buffer = ColumnBuffer()
+    buffer.append({"x": np.arange(6)}, 6)
+    first = buffer.view()["x"][:2]  # a batch's view, as the trajectory store hands it out
+    buffer.hand_off(np.array([2, 3, 4, 5]))
+    second = buffer.view()["x"][:2]
+    buffer.hand_off(np.array([2, 3]))
+    buffer.append({"x": np.array([6])}, 1)
+    np.testing.assert_array_equal(first, [0, 1])
+    np.testing.assert_array_equal(second, [2, 3])
+    np.testing.assert_array_equal(buffer.view()["x"], [4, 5, 6])

@@ -119,16 +119,22 @@ class ColumnBuffer:
 
     def hand_off(self, rows: np.ndarray) -> None:
         """The arrays now belong to a batch (as views): only ``rows`` stay here, copied out;
-        the next append takes arrays from the pool (or new ones) for them and what follows."""
+        the next append takes arrays from the pool (or new ones) for them and what follows.
+
+        A second hand-off before that append (``complete_episodes`` builds one batch per
+        episode, several in a row) hands off the kept rows' own arrays the same way."""
         if self._pending is not None:
-            raise RuntimeError("hand_off: this buffer's arrays were already handed off")
-        size = self.size
-        self._pending = {
-            name: np.take(array[:size], rows, axis=0) for name, array in self._arrays.items()
-        }
-        for array in self._arrays.values():
-            self._pool.give(array)
-        self._arrays = {}
+            self._pending = {
+                name: np.take(column, rows, axis=0) for name, column in self._pending.items()
+            }
+        else:
+            size = self.size
+            self._pending = {
+                name: np.take(array[:size], rows, axis=0) for name, array in self._arrays.items()
+            }
+            for array in self._arrays.values():
+                self._pool.give(array)
+            self._arrays = {}
         self.size = len(rows)
 
     def clear(self) -> None:
