@@ -137,10 +137,12 @@ class Segments:
 
     @functools.cached_property
     def order(self) -> np.ndarray:
+        """Batch row indices in key order (stable: time order within a key)."""
         return _stable_argsort(self.batch_keys, self._num_keys)
 
     @functools.cached_property
     def table(self) -> np.ndarray:
+        """(key, start, stop) per trajectory, over the rows put in key order by ``order``."""
         sorted_keys = self.batch_keys[self.order]
         if not len(sorted_keys):
             return np.zeros((0, 3), np.int64)
