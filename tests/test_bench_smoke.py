@@ -68,6 +68,7 @@ def test_smoke_against_a_torch_bare_loop_has_no_targets(
         assert row["target_ratio"] is None and row["meets_target"] is None
 
 
+@pytest.mark.slow
 def test_smoke_population_reports_both_bare_loops_and_memory_per_batch(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -112,6 +113,7 @@ def test_the_numpy_bare_loop_acts_like_the_torch_one() -> None:
         BareLoop(config, "jax")
 
 
+@pytest.mark.slow
 def test_smoke_memory_subprocess_and_profile(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
     out = tmp_path / "bench.json"
     report = _run(

@@ -167,6 +167,7 @@ def test_ctrl_c_or_an_error_leaves_a_complete_log(tmp_path, capsys, callbacks, e
     assert records[-1]["env_steps"] == 400
 
 
+@pytest.mark.slow
 def test_sigint_to_the_command_leaves_a_complete_log(tmp_path) -> None:
     """A real Ctrl-C (SIGINT) at a random point of the sampling loop, in a subprocess."""
     log = tmp_path / "metrics.jsonl"

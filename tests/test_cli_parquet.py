@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from marl_runner import MultiAgentBatch, SampleBatch
 from marl_runner.cli import main
@@ -62,6 +63,7 @@ def test_writer_reads_metadata_again_when_a_new_policy_appears(tmp_path, monkeyp
     assert reads == [["a"], ["a", "b"]]
 
 
+@pytest.mark.slow
 def test_serve_writes_parquet(tmp_path):
     out = tmp_path / "out"
     drones = [f"drone_{i}" for i in range(4)]

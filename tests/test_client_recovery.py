@@ -58,6 +58,7 @@ def served(port: int = 0, *, loop: bool = True) -> Iterator[Served]:
         handle.close()
 
 
+@pytest.mark.slow
 def test_client_recovers_when_the_server_is_stopped_and_restarted_on_the_same_port():
     port = free_port()
     with serve_process("--port", str(port)) as first:

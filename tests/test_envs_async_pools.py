@@ -32,6 +32,7 @@ def cheap(index: int) -> CheapEnv:
     return CheapEnv(num_agents=2, episode_len=4)
 
 
+@pytest.mark.slow
 def test_a_slow_sub_env_never_stalls_the_others():
     with SubprocessVectorEnv(
         first_step_hangs_in_env_0, 4, seed=0, num_workers=4, num_envs_per_poll=2
@@ -66,6 +67,7 @@ def test_each_sub_env_gives_the_same_outputs_as_sync(num_envs_per_poll):
             assert_same(sync, play_per_env(vec, 12))
 
 
+@pytest.mark.slow
 def test_default_waits_for_every_sub_env_and_async_poll_is_one():
     with SubprocessVectorEnv(cheap, 3, num_workers=3) as vec:
         assert vec.num_envs_per_poll == 3 and not vec.async_poll
