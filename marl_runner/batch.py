@@ -104,6 +104,20 @@ class SampleBatch(dict):
         _, first_rows, which = np.unique(eps_ids, return_index=True, return_inverse=True)
         return [self.select(np.flatnonzero(which == i)) for i in np.argsort(first_rows)]
 
+    def in_trajectory_order(self) -> SampleBatch:
+        """The rows with each agent's trajectory contiguous and in time order (one copy).
+
+        A runner hands rows out in the order it stored them, round by round (so
+        ``obs`` needs no copy): each trajectory's rows are in time order but
+        interleaved with the other agents'. Code that walks a trajectory's rows
+        one after another (a GAE over the raw batch, say) calls this first.
+        """
+        for name in (self.EPS_ID, "agent_index", "t"):
+            if name not in self:
+                raise KeyError(f"in_trajectory_order: the batch has no {name!r} column")
+        order = np.lexsort((self["t"], self["agent_index"], self[self.EPS_ID]))
+        return self.select(order)
+
     def to_tensors(self, device: Any = "cpu") -> dict[str, Any]:
         """Numeric and bool columns as torch tensors on ``device`` (Dict columns as dicts of them).
 

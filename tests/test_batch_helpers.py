@@ -104,6 +104,22 @@ def test_split_by_episode_on_a_real_batch(kaz_archers: SampleBatch) -> None:
     np.testing.assert_array_equal(episodes[0]["obs"], kaz_archers["obs"][rows])
 
 
+def test_in_trajectory_order_makes_each_trajectory_contiguous(kaz_archers: SampleBatch) -> None:
+    rows = numbered(kaz_archers)
+    ordered = rows.in_trajectory_order()
+    assert sorted(ordered["row"].tolist()) == list(range(len(rows)))  # every row, once
+    assert (np.diff(ordered["row"]) < 0).any()  # the runner's order interleaves trajectories
+    ids = np.stack([ordered["eps_id"], ordered["agent_index"]], axis=1)
+    starts = np.flatnonzero(np.any(ids[1:] != ids[:-1], axis=1)) + 1
+    runs = np.split(np.arange(len(ordered)), starts)
+    assert len(runs) == len({tuple(pair) for pair in ids.tolist()})  # one run per trajectory
+    for run in runs:
+        assert (np.diff(ordered["t"][run]) == 1).all()
+        np.testing.assert_array_equal(ordered["new_obs"][run][:-1], ordered["obs"][run][1:])
+    with pytest.raises(KeyError, match="'agent_index'"):
+        SampleBatch(eps_id=np.zeros(2), t=np.zeros(2)).in_trajectory_order()
+
+
 def test_split_by_episode_keeps_dict_columns_and_names_a_missing_column() -> None:
     first, second = dict_obs_batch().split_by_episode()
     np.testing.assert_array_equal(first["actions"], [0, 1, 4])
