@@ -85,10 +85,7 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 
 
 def test_no_import_cycles() -> None:
-    graph = import_graph(project_modules())
-    for module, targets in graph.items():  # a known upward import may close a loop
-        targets -= {target for target in targets if is_known((module, target))}
-    assert cycles(graph) == []
+    assert cycles(import_graph(project_modules())) == []
 
 
 #: The layers, bottom first (docs/DESIGN.md, "Layers"). A module belongs to the layer of
@@ -128,15 +125,6 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("public names", ("marl_runner",)),
 )
 
-#: Upward imports not fixed yet, as (importing module, imported module), each naming a
-#: module or a package of them; each is a bug, and removing its entry once it is fixed is
-#: what keeps it fixed.
-KNOWN_UPWARD = {
-    # the Ray helpers live in marl_runner.ray_support
-    ("marl_runner.envs.ray_vector_env", "marl_runner.distributed.ray_auth"),
-}
-
-
 def layer_of(module: str, layers=LAYERS) -> int:
     """The index of the layer whose longest entry is `module` or a package above it."""
     best = None
@@ -158,27 +146,6 @@ def upward_imports(graph: dict[str, set[str]], layers=LAYERS) -> set[tuple[str, 
     }
 
 
-def is_known(edge: tuple[str, str], known: set[tuple[str, str]] = KNOWN_UPWARD) -> bool:
-    module, target = edge
-    return any(
-        _within(module, known_module) and _within(target, known_target)
-        for known_module, known_target in known
-    )
-
-
-def _within(module: str, package: str) -> bool:
-    return module == package or module.startswith(package + ".")
-
-
-def test_a_known_upward_import_covers_only_what_it_names() -> None:
-    known = {("p.low", "p.high.b"), ("p.base.c", "p.high")}
-    assert is_known(("p.low.x", "p.high.b"), known)
-    assert is_known(("p.base.c", "p.high.b.y"), known)
-    assert not is_known(("p.low.x", "p.high.d"), known)
-    assert not is_known(("p.lower", "p.high.b"), known)
-    assert not is_known(("p.base.d", "p.high"), known)
-
-
 def test_the_layer_check_finds_an_upward_import() -> None:
     layers = (("low", ("p.low",)), ("high", ("p.high", "p")))
     graph = {"p.low.a": {"p.high.b"}, "p.high.b": {"p.low.a"}, "p.low.c": {"p"}}
@@ -187,5 +154,4 @@ def test_the_layer_check_finds_an_upward_import() -> None:
 
 def test_no_import_runs_up_the_layers() -> None:
     found = upward_imports(import_graph(project_modules()))
-    unknown = {edge for edge in found if not is_known(edge)}
-    assert unknown == set(), "imports from a higher layer (see docs/DESIGN.md)"
+    assert found == set(), "imports from a higher layer (see docs/DESIGN.md)"

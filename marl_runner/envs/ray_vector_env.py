@@ -14,6 +14,7 @@ from marl_runner.envs.base_env import BaseEnv, EnvID, PollDicts, ResetSeeds, put
 from marl_runner.envs.checks import check_reset_result, check_step_result
 from marl_runner.envs.errors import EnvError
 from marl_runner.envs.multi_agent_env import AgentID, MultiAgentDict, MultiAgentEnv
+from marl_runner.ray_support import init_ray
 
 _RESET, _STEP = "reset", "step"
 
@@ -129,12 +130,7 @@ class RayVectorEnv(BaseEnv):
                 f"num_envs_per_poll {num_envs_per_poll!r}: expected an int in "
                 f"[1, num_envs={num_envs}]"
             )
-        if not ray.is_initialized():
-            # Imported here: distributed imports the runner, which imports this module.
-            from marl_runner.distributed.ray_auth import quiet_token_auth_notice
-
-            quiet_token_auth_notice()  # the notice only; token authentication stays on
-            ray.init(ignore_reinit_error=True)  # joins RAY_ADDRESS's cluster, else starts one
+        init_ray()  # joins RAY_ADDRESS's cluster, else starts one; token auth stays on
         self.num_envs = num_envs
         self.num_envs_per_poll = num_envs_per_poll
         self._make_one = make_one
