@@ -4,6 +4,7 @@ any sub-env beyond one is built (case 8: num_envs 10,000,000 or rollout_fragment
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import gymnasium as gym
@@ -87,6 +88,9 @@ def test_estimate_rows_and_row_bytes():
     check_batch_memory(parallel, parallel.total_bytes)
     with pytest.raises(ConfigError, match="one batch needs about"):
         check_batch_memory(parallel, parallel.total_bytes - 1)
+    without_new_obs = dataclasses.replace(config, exclude_columns=["new_obs"])
+    lean = estimate_batch_memory(without_new_obs, agents, all_agents_act=True)
+    assert lean.row_bytes == {"a": 80 + 8 + BOOKKEEPING_ROW_BYTES, "b": 199 + 8 + 42}
 
 
 def test_serve_refuses_episode_slots_that_cannot_fit(tmp_path, capsys):

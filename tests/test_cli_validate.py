@@ -97,6 +97,19 @@ def test_prints_agents_policies_and_spaces(
     assert "archer_1 │ archer" in out.replace("  ", " ").replace("  ", " ")
 
 
+def test_shows_the_batch_columns_and_those_left_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["validate", str(write_config(tmp_path))]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("batch columns"))
+    assert "new_obs" in line and "continues" in line and "left out" not in line
+    path = write_config(tmp_path, exclude_columns=["new_obs", "infos"])
+    assert main(["validate", str(path)]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("batch columns"))
+    kept, _, left_out = line.partition("; left out (exclude_columns): ")
+    assert left_out == "new_obs, infos" and "new_obs" not in kept and "infos" not in kept
+
+
 def test_notes_unused_policies(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = write_config(tmp_path, policies={"archer": {}, "knight": {}, "zombie": {}})
     assert main(["validate", str(path)]) == 0

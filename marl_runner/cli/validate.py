@@ -121,8 +121,29 @@ def run_validate(args: argparse.Namespace) -> int:
         soft_wrap=True,
         markup=False,
     )
+    console.print(_columns_line(config), highlight=False, soft_wrap=True, markup=False)
     console.print(f"config OK: {args.config}", highlight=False, soft_wrap=True)
     return EXIT_OK
+
+
+#: The columns every policy batch has unless ``exclude_columns`` leaves them out; a policy's
+#: outputs and connector-added columns come beside them.
+BATCH_COLUMNS = (
+    "obs", "new_obs", "actions", "rewards", "terminateds", "truncateds", "infos", "eps_id",
+    "env_id", "agent_index", "agent_id", "t", "env_t", "unroll_id", "continues",
+    "policy_version",
+)  # fmt: skip
+
+
+def _columns_line(config: RunnerConfig) -> str:
+    """The batch columns this run produces, so a user sees what `exclude_columns` changed."""
+    left_out = list(config.exclude_columns)
+    kept = [name for name in BATCH_COLUMNS if name not in left_out]
+    line = (
+        f"batch columns: {', '.join(kept)}, and each policy's outputs (e.g. action_logp, "
+        "action_dist_inputs, vf_preds)"
+    )
+    return line + (f"; left out (exclude_columns): {', '.join(left_out)}" if left_out else "")
 
 
 class _RecordingMapping(CheckedMapping):

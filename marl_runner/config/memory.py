@@ -95,9 +95,12 @@ def estimate_batch_memory(
     per_step = len(agents) if all_agents_act and config.count_steps_by == "env_steps" else 1
     counts: dict[str, int] = {}
     row_bytes: dict[str, int] = {}
+    obs_copies = 1 if "new_obs" in config.exclude_columns else 2  # obs, and new_obs unless left out
     for policy_id, obs_space, action_space in agents:
         counts[policy_id] = counts.get(policy_id, 0) + 1
-        size = 2 * space_bytes(obs_space) + space_bytes(action_space) + BOOKKEEPING_ROW_BYTES
+        size = (
+            obs_copies * space_bytes(obs_space) + space_bytes(action_space) + BOOKKEEPING_ROW_BYTES
+        )
         row_bytes[policy_id] = min(row_bytes.get(policy_id, size), size)
     rows = {pid: steps * per_step * n // len(agents) for pid, n in counts.items()}
     return BatchMemory(config.num_envs, config.rollout_fragment_length, rows, row_bytes)
