@@ -4,11 +4,14 @@ value shortened, never a whole (expanded) config.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from helpers_bounded import run_capped
 
 from marl_runner.cli.app import main
 from marl_runner.config import ConfigError, RunnerConfig
+from marl_runner.config.runner_config import MAX_CONFIG_BYTES
 from marl_runner.config.yaml_form import MAX_YAML_DEPTH, MAX_YAML_NODES
 from marl_runner.envs import register_env
 from marl_runner.envs.errors import EnvError
@@ -116,3 +119,18 @@ def test_the_env_constructor_error_shows_the_config_shortened():
     message = str(info.value)
     assert "bounded-refusing" in message and "unexpected keyword" in message
     assert "layout" in message and len(message) < 400
+
+
+def test_a_config_path_that_is_no_regular_file_is_refused_at_once(tmp_path):
+    fifo = tmp_path / "config.yaml"
+    os.mkfifo(fifo)  # opening it for reading would block until a writer came
+    with pytest.raises(ConfigError, match="not a regular file \\(a FIFO\\)"):
+        RunnerConfig.from_yaml(fifo)
+    link = tmp_path / "zero.yaml"
+    link.symlink_to("/dev/zero")  # endless bytes
+    with pytest.raises(ConfigError, match="not a regular file \\(a character device\\)"):
+        RunnerConfig.from_yaml(link)
+    big = tmp_path / "big.yaml"
+    big.write_bytes(b"#" * (MAX_CONFIG_BYTES + 1))
+    with pytest.raises(ConfigError, match="more than the 4,194,304 accepted"):
+        RunnerConfig.from_yaml(big)

@@ -37,8 +37,12 @@ from marl_runner.config.yaml_form import (
     set_dotted,
 )
 from marl_runner.envs.vector_backends import vector_keys
+from marl_runner.safe_files import FileRefused, read_regular_file
 
 __all__ = ["RunnerConfig"]
+
+#: A config file's largest size: real ones are a few KB (a FIFO or /dev/zero is refused too).
+MAX_CONFIG_BYTES = 4 << 20
 
 
 def _key(default: Any, doc: str) -> Any:
@@ -233,10 +237,16 @@ class RunnerConfig:
         path = Path(path)
         source = str(path)
         try:
-            text = path.read_text(encoding="utf-8")
+            text = read_regular_file(path, max_bytes=MAX_CONFIG_BYTES).decode("utf-8")
         except OSError as exc:
             raise ConfigError(
                 None, f"cannot read the config file: {exc.strerror or exc}", source=source
+            ) from None
+        except FileRefused as exc:
+            raise ConfigError(None, f"the config file {exc}", source=source) from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(
+                None, f"the config file is not UTF-8 text: {exc}", source=source
             ) from None
         try:
             data = yaml.load(text, Loader=StrictLoader)
