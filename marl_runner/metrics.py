@@ -150,8 +150,7 @@ class MetricsCollector:
         for episode in good:
             per_policy: dict[str, float] = defaultdict(float)
             for (_agent, policy_id), reward in episode.agent_rewards.items():
-                if policy_id is not None:
-                    per_policy[policy_id] += reward
+                per_policy[policy_id] += reward
             for policy_id, reward in per_policy.items():
                 policy_rewards[policy_id].append(reward)
             for name, value in episode.custom_metrics.items():

@@ -32,9 +32,9 @@ def test_episode_ids_count_up_from_a_random_base_and_wrap_after_the_span(monkeyp
 def test_agent_rewards_order_counted_then_live_then_unrewarded_observers() -> None:
     episode = _episode(live={"b": 0.5, "c": 2.0})
     _observe(episode, "b", "c", "d")
-    episode.rewards.receive({"ghost": 1.0, "b": 1.0})  # ghost never observed: policy None
+    episode.rewards.receive({"ghost": 1.0, "b": 1.0})  # ghost never observed: mapped anyway
     assert list(episode.agent_rewards.items()) == [
-        (("ghost", None), 1.0), (("b", "pol_b"), 1.5), (("c", "pol_c"), 2.0), (("d", "pol_d"), 0.0),
+        (("ghost", "pol_ghost"), 1.0), (("b", "pol_b"), 1.5), (("c", "pol_c"), 2.0), (("d", "pol_d"), 0.0),
     ]
     assert episode.total_reward == 4.5
 

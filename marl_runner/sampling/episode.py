@@ -149,8 +149,9 @@ class MultiAgentEpisode:
 
     @property
     def agent_rewards(self) -> dict[tuple[Any, str | None], float]:
-        """Every reward the env gave so far per (agent, policy); policy None for agents
-        that never observed (so never had a policy)."""
+        """Every reward the env gave so far per (agent, policy). An agent that never
+        observed (a poker player whose opponent folded first) has no row in any batch, but
+        its reward counts under the policy it maps to."""
         slots = self.slots
         totals = self._totals()
         # One pass per dict (this runs once per ended episode): totals in their order, then
@@ -158,7 +159,7 @@ class MultiAgentEpisode:
         rewards = {}
         for agent_id, total in totals.items():
             slot = slots.get(agent_id)
-            rewards[agent_id, None if slot is None else slot.policy_id] = total
+            rewards[agent_id, self.policy_for(agent_id) if slot is None else slot.policy_id] = total
         if not slots.keys() <= totals.keys():
             for agent_id, slot in slots.items():
                 if agent_id not in totals:
