@@ -109,7 +109,9 @@ def draw(
         level = float(np.mean(randoms))
         axes.axhline(level, linestyle="--", color="gray", label=f"random policy ({level:.1f})")
     for index, (label, level) in enumerate((hlines or {}).items()):
-        axes.axhline(level, linestyle=":", color=f"C{len(groups) + index}", label=f"{label} ({level:g})")
+        axes.axhline(
+            level, linestyle=":", color=f"C{len(groups) + index}", label=f"{label} ({level:g})"
+        )
     axes.set_xlabel("env_steps")
     axes.set_ylabel(f"{column} (mean of {window} iterations)")
     axes.set_title(title)

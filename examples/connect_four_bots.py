@@ -135,7 +135,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="a runner checkpoint of one trained policy (default: RandomPolicy plays)",
     )  # fmt: skip
     parser.add_argument(
-        "--policy", default=None, help="the checkpoint's policy to play (default: its first TorchPolicy)"
+        "--policy",
+        default=None,
+        help="the checkpoint's policy to play (default: its first TorchPolicy)",
     )
     parser.add_argument("--games", type=int, default=400, help="games, half in each seat")
     parser.add_argument("--sampled", action="store_true", help="sample moves instead of greedy")
@@ -153,7 +155,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         # snapshots and the bot, and its mapping was a function of the run).
         payload = load_checkpoint(args.checkpoint)
         specs = payload["config"]["policies"]
-        trainable = [pid for pid, spec in specs.items() if spec.get("policy_class") in (None, "TorchPolicy")]
+        trainable = [
+            pid for pid, spec in specs.items() if spec.get("policy_class") in (None, "TorchPolicy")
+        ]
         policy_id = args.policy or trainable[0]
         player, weights = specs[policy_id], payload["policies"][policy_id]["weights"]
     opponent = {"policy_class": BOT, "config": {"seed": args.seed}}

@@ -194,9 +194,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     parser.add_argument("--episodes", type=int, default=1000, help="episodes per policy")
     parser.add_argument("--seed", type=int, default=10_000, help="seeds the evaluation episodes")
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
-    parser.add_argument(
-        "--no-baselines", action="store_true", help="score the checkpoints only"
-    )
+    parser.add_argument("--no-baselines", action="store_true", help="score the checkpoints only")
     args = parser.parse_args(argv)
     if args.episodes < 1:
         parser.error(f"--episodes {args.episodes}: expected an int >= 1")

@@ -56,6 +56,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script: make `examples.train_ppo` importable
     sys.path.insert(0, str(REPO))
 
+from examples.connect_four_bots import BOT  # noqa: E402
 from examples.train_ppo import (  # noqa: E402
     STAT_KEYS,
     HelpFormatter,
@@ -78,7 +79,6 @@ from marl_runner import (  # noqa: E402
     save_checkpoint,
 )
 from marl_runner.metrics_log import plot_learning_curve  # noqa: E402
-from examples.connect_four_bots import BOT  # noqa: E402
 
 CONFIG = REPO / "examples" / "configs" / "connect_four_selfplay.yaml"
 SEATS = ("player_0", "player_1")
@@ -439,7 +439,11 @@ def bot_matches(
     ones greedy; same games and seeds for all three (none with ``games`` 0)."""
     if not games:
         return {}
-    plays = (("trained", trained, False), ("trained", trained, True), ("untrained", untrained, False))
+    plays = (
+        ("trained", trained, False),
+        ("trained", trained, True),
+        ("untrained", untrained, False),
+    )
     return {
         f"{who}_{'sampled' if explore else 'greedy'}": match_vs(
             config, weights, games, explore, seed, bot_opponent(seed)

@@ -128,7 +128,10 @@ def test_the_controller_beats_random_on_the_same_episodes() -> None:
         name: scripted_spread.episode_rewards(
             scripted_spread.with_policy_class(config, policy_class), 16, seed=5
         )
-        for name, policy_class in (("random", "RandomPolicy"), ("scripted", scripted_spread.SCRIPTED))
+        for name, policy_class in (
+            ("random", "RandomPolicy"),
+            ("scripted", scripted_spread.SCRIPTED),
+        )
     }
     assert len(rewards["random"]) == len(rewards["scripted"]) == 16
     # About -80 and -25 on average (docs/TRAINING.md); far apart on 16 episodes.

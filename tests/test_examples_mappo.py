@@ -115,7 +115,10 @@ def test_central_gae_follows_each_agent_through_a_real_interleaved_batch() -> No
     learner = train_mappo.CentralCriticLearner(actor, batch["env_state"].shape[1], 3)
     train_mappo.central_gae(learner, batch, Namespace(gamma=0.99, gae_lambda=0.95))
     with torch.no_grad():
-        values, next_values = learner.values(batch).numpy(), learner.values(batch, "new_env_state").numpy()
+        values, next_values = (
+            learner.values(batch).numpy(),
+            learner.values(batch, "new_env_state").numpy(),
+        )
     for eps_id, agent in {(e, a) for e, a in zip(batch["eps_id"], batch["agent_index"])}:
         rows = np.flatnonzero((batch["eps_id"] == eps_id) & (batch["agent_index"] == agent))
         rows = rows[np.argsort(batch["t"][rows])]
@@ -184,7 +187,8 @@ def test_compare_runs_draws_the_groups_and_lists_their_summaries(tmp_path: Path)
     table = compare_runs.main([f"IPPO={ippo}", f"MAPPO={mappo}", "--out", str(out)])
     assert out.read_bytes().startswith(b"\x89PNG")
     assert [(row["label"], row["trained_episode_reward_mean"]) for row in table] == [
-        ("IPPO", -60.0), ("MAPPO", -40.0)
+        ("IPPO", -60.0),
+        ("MAPPO", -40.0),
     ]
     np.testing.assert_array_equal(
         compare_runs.smoothed(np.array([1.0, np.nan, 3.0, 5.0]), 2), [1.0, np.nan, 2.0, 4.0]
@@ -193,7 +197,9 @@ def test_compare_runs_draws_the_groups_and_lists_their_summaries(tmp_path: Path)
         compare_runs.main([f"IPPO={tmp_path / 'missing'}", "--out", str(out)])
 
 
-def test_compare_runs_draws_a_run_still_training_and_reference_lines(tmp_path: Path, capsys) -> None:
+def test_compare_runs_draws_a_run_still_training_and_reference_lines(
+    tmp_path: Path, capsys
+) -> None:
     from examples import compare_runs
 
     ended = _fake_run(tmp_path / "ended", [-80.0, -60.0], random=-90.0)

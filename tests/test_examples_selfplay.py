@@ -218,7 +218,9 @@ def test_league_with_the_bot_keeps_its_games_apart_and_measures_against_it(tmp_p
 
     run_dir = tmp_path / "league-bot"
     argv = ["--smoke", "--bot-share", "0.5", "--eval-bot-games-during", "4"]
-    summary = league_connect_four.main(argv + ["--checkpoint-every", "2", "--run-dir", str(run_dir)])
+    summary = league_connect_four.main(
+        argv + ["--checkpoint-every", "2", "--run-dir", str(run_dir)]
+    )
     rows = read_progress_csv(run_dir / "progress.csv")
     assert sum(row["bot_games"] for row in rows) > 0 and sum(row["pool_games"] for row in rows) > 0
     for row in rows:
