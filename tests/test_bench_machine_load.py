@@ -14,8 +14,8 @@ REPO = str(Path(__file__).resolve().parent.parent)
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from benchmarks.cli import main  # noqa: E402
-from benchmarks.machine_load import (  # noqa: E402
+from marl_runner.bench.cli import main  # noqa: E402
+from marl_runner.bench.machine_load import (  # noqa: E402
     BUSY_CPUS,
     CpuSample,
     load_note,

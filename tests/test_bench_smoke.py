@@ -7,21 +7,14 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-# benchmarks/ is not an installed package: import it from the repo root even
-# when pytest is started as a script (which does not put the cwd on sys.path).
-REPO = str(Path(__file__).resolve().parent.parent)
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
-
-from benchmarks.cli import main  # noqa: E402
-from benchmarks.workloads import DEFAULT_WORKLOADS, SUBPROCESS_WORKLOADS  # noqa: E402
+from marl_runner.bench.cli import main
+from marl_runner.bench.workloads import DEFAULT_WORKLOADS, SUBPROCESS_WORKLOADS
 
 PERF_KEYS = {
     "mean_raw_obs_processing_ms",
@@ -89,8 +82,8 @@ def test_smoke_population_reports_both_bare_loops_and_memory_per_batch(
 def test_the_numpy_bare_loop_acts_like_the_torch_one() -> None:
     """Same model and weights: the numpy forward's logits are the torch module's, and both
     honour the action mask (Connect Four's Dict obs)."""
-    from benchmarks.bare_loop import BareLoop
-    from benchmarks.workloads import get_workload
+    from marl_runner.bench.bare_loop import BareLoop
+    from marl_runner.bench.workloads import get_workload
 
     config = get_workload("connect_four").config()
     torch_loop, numpy_loop = BareLoop(config), BareLoop(config, "numpy")
@@ -188,7 +181,7 @@ def test_smoke_process_speedup_and_slow_sub_env(
 
 
 def test_all_includes_the_process_modes_but_not_the_soaks(monkeypatch) -> None:
-    import benchmarks.cli as cli
+    import marl_runner.bench.cli as cli
 
     args = cli.build_parser().parse_args(["--all"])
     ran = []
@@ -207,7 +200,7 @@ def test_all_includes_the_process_modes_but_not_the_soaks(monkeypatch) -> None:
 def test_soak_serve_runs_alone_and_its_exit_code_says_if_anything_was_lost(
     monkeypatch, tmp_path: Path, equal: bool, code: int
 ) -> None:
-    from benchmarks import soak_serve
+    from marl_runner.bench import soak_serve
 
     seen = {}
 
@@ -231,7 +224,7 @@ def test_soak_serve_runs_alone_and_its_exit_code_says_if_anything_was_lost(
 def test_process_round_times_table_shows_each_subprocess_sampler() -> None:
     from rich.console import Console
 
-    from benchmarks.report import process_round_times_table
+    from marl_runner.bench.report import process_round_times_table
 
     times = {"main_wait": 3.76, "main_ipc": 0.17, "worker_env": 3.4, "worker_busy": 3.48}
     row = {

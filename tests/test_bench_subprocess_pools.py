@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.subprocess_pools import slow_sub_env, vector_speedup
+from marl_runner.bench.subprocess_pools import slow_sub_env, vector_speedup
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::UserWarning"),

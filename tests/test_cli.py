@@ -376,19 +376,11 @@ def test_sample_episodes_with_the_real_runner(
 
 def test_bench_forwards_all_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
     received: list[list[str]] = []
-    module = types.ModuleType("benchmarks.cli")
+    module = types.ModuleType("marl_runner.bench.cli")
     module.main = lambda argv: received.append(argv) or 3  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "benchmarks.cli", module)
+    monkeypatch.setitem(sys.modules, "marl_runner.bench.cli", module)
     assert main(["bench", "--steps", "10", "kaz", "-h"]) == 3
     assert received == [["--steps", "10", "kaz", "-h"]]
-
-
-def test_bench_without_benchmarks(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    monkeypatch.setitem(sys.modules, "benchmarks.cli", None)  # makes the import fail
-    assert main(["bench"]) == 2
-    assert_one_line_error(capsys.readouterr().err, "benchmarks.cli:main", "repository root")
 
 
 # ----------------------------------------------------------------------------- display

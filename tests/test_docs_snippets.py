@@ -3,7 +3,7 @@
 A page is run top to bottom, as a reader would: its python blocks share one
 namespace (in one worker process, `docs_snippet_worker.py`, that imports torch
 once for all pages), and its shell blocks run with bash in the page's own
-working directory, which holds links to `examples/`, `benchmarks/` and
+working directory, which holds links to `examples/` and
 `scripts/`, with `.venv/bin` first on PATH. Each block is one test; it first
 runs the blocks above it on its page that have not run yet (a fast block only
 the fast ones).
@@ -38,7 +38,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 LANGUAGES = {"python": "python", "bash": "shell", "shell": "shell", "sh": "shell"}
-LINKED = ("examples", "benchmarks", "scripts", ".venv")
+LINKED = ("examples", "scripts", ".venv")
 BLOCK_TIMEOUT_S = 600
 _FENCE = re.compile(r"^( *)```(\w*)[^\n]*\n(.*?)^\1```[ \t]*$", re.S | re.M)
 _MARKER = re.compile(r"<!--\s*docs-test:\s*(slow|skip|save-as)\s*(?::\s*(.*?))?\s*-->\s*$")

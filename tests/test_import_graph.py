@@ -121,7 +121,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("checkpoints", ("marl_runner.checkpoint",)),
     ("runner groups", ("marl_runner.distributed",)),
     ("serving", ("marl_runner.serving", "marl_runner.client")),
-    ("commands", ("marl_runner.cli",)),
+    ("commands", ("marl_runner.cli", "marl_runner.bench")),
     ("public names", ("marl_runner",)),
 )
 

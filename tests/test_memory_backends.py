@@ -19,17 +19,17 @@ REPO = str(Path(__file__).resolve().parent.parent)
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from benchmarks.cli import main  # noqa: E402
-from benchmarks.measure import Settings  # noqa: E402
-from benchmarks.memory_backends import (  # noqa: E402
+from marl_runner import EnvRunner  # noqa: E402
+from marl_runner.bench.cli import main  # noqa: E402
+from marl_runner.bench.measure import Settings  # noqa: E402
+from marl_runner.bench.memory_backends import (  # noqa: E402
     RAY_MISSING,
     Watched,
     parse_backends,
     sample_and_watch,
     watched_processes,
 )
-from benchmarks.workloads import get_workload  # noqa: E402
-from marl_runner import EnvRunner  # noqa: E402
+from marl_runner.bench.workloads import get_workload  # noqa: E402
 
 
 def _memory(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[dict, str]:
@@ -77,8 +77,8 @@ def test_ray_the_bench_starts_is_shut_down_afterwards() -> None:
     """In a fresh process, so no Ray of this test session is running."""
     script = (
         "import ray\n"
-        "from benchmarks.measure import Settings\n"
-        "from benchmarks.memory_backends import measure_backend\n"
+        "from marl_runner.bench.measure import Settings\n"
+        "from marl_runner.bench.memory_backends import measure_backend\n"
         "r = measure_backend('ray', Settings.for_smoke(), start_steps=500, end_steps=1000,\n"
         "                    every_steps=500, ray_num_envs=1)\n"
         "print(len(r['processes']), ray.is_initialized())\n"

@@ -150,8 +150,8 @@ def test_numpy_mlp_with_shared_layers_leaves_a_hooked_trunk_to_torch() -> None:
 
 def test_bare_loop_numpy_forward_matches_torch_on_simple_spread() -> None:
     """The bare loop's numpy model (same NumpyMLP) on real Box obs of mpe2 simple_spread."""
-    from benchmarks.bare_loop import BareLoop
-    from benchmarks.workloads import get_workload
+    from marl_runner.bench.bare_loop import BareLoop
+    from marl_runner.bench.workloads import get_workload
 
     env = simple_spread_v3.parallel_env(N=3)
     observations = []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.soak_serve import run_soak_serve
+from marl_runner.bench.soak_serve import run_soak_serve
 
 
 @pytest.mark.slow

@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import numpy as np
-
 from marl_runner.batch import SampleBatch, concat_samples
 from marl_runner.policy import Policy
 from marl_runner.sampling.trajectories import KeyTable, Segments

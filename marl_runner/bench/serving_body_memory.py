@@ -38,7 +38,8 @@ def status_mb(pid: int, field: str) -> float:
 
 
 def serve(ready: multiprocessing.Queue, done: multiprocessing.Event) -> None:
-    from marl_runner import EnvRunner, RunnerConfig
+    from marl_runner.config import RunnerConfig
+    from marl_runner.sampling.runner import EnvRunner
     from marl_runner.serving.server import PolicyServer
 
     runner = EnvRunner(RunnerConfig.from_dict(CONFIG))

@@ -1,4 +1,4 @@
-"""``marl-runner bench`` / ``python -m benchmarks``: the runner against the bare loop.
+"""``marl-runner bench`` / ``python -m marl_runner.bench``: the runner against the bare loop.
 
 Modes (combine freely; none given means ``--throughput``):
 
@@ -42,20 +42,20 @@ import numpy as np
 import torch
 from rich.console import Console
 
-from benchmarks.bare_loop import BARE_FORWARDS
-from benchmarks.machine_load import other_cpus, take_sample
-from benchmarks.measure import Settings, compare_workload, subprocess_speedup
-from benchmarks.memory_backends import (
+from marl_runner.bench.bare_loop import BARE_FORWARDS
+from marl_runner.bench.machine_load import other_cpus, take_sample
+from marl_runner.bench.measure import Settings, compare_workload, subprocess_speedup
+from marl_runner.bench.memory_backends import (
     MEMORY_BACKENDS,
     RAY_NUM_ENVS,
     memory_growth,
     parse_backends,
 )
-from benchmarks.profiling import profile_workload
-from benchmarks.report import print_report
-from benchmarks.subprocess_pools import SPEEDUP_WORKLOADS, slow_sub_env, vector_speedup
-from benchmarks.population import measure_population
-from benchmarks.workloads import (
+from marl_runner.bench.population import measure_population
+from marl_runner.bench.profiling import profile_workload
+from marl_runner.bench.report import print_report
+from marl_runner.bench.subprocess_pools import SPEEDUP_WORKLOADS, slow_sub_env, vector_speedup
+from marl_runner.bench.workloads import (
     DEFAULT_WORKLOADS,
     POPULATION_WORKLOADS,
     SUBPROCESS_WORKLOADS,
@@ -409,7 +409,7 @@ def _run_standalone(args: argparse.Namespace, settings: Settings) -> int | None:
         print(message, file=sys.stderr)
 
     if args.scaling:
-        from benchmarks.scaling import measure_scaling, print_scaling
+        from marl_runner.bench.scaling import measure_scaling, print_scaling
 
         duration = 2.0 if settings.smoke else settings.duration_s
         scaling = measure_scaling(
@@ -418,19 +418,19 @@ def _run_standalone(args: argparse.Namespace, settings: Settings) -> int | None:
         print_scaling(scaling, Console())
         return _finish_standalone(args, scaling, ok=True)
     if args.external:
-        from benchmarks.external import external_benchmark, print_external
+        from marl_runner.bench.external import external_benchmark, print_external
 
         external = external_benchmark(settings.duration_s, settings.smoke, progress=say)
         print_external(Console(), external)
         return _finish_standalone(args, external, ok=True)
     if args.soak is not None:
-        from benchmarks.soak import print_soak, run_soak
+        from marl_runner.bench.soak import print_soak, run_soak
 
         soak = run_soak(args.soak, seed=args.seed, progress=say)
         print_soak(soak)
         return _finish_standalone(args, soak, ok=soak["healthy_rows_lost"] == 0)
     if args.soak_serve is not None:
-        from benchmarks import soak_serve
+        from marl_runner.bench import soak_serve
 
         forwarded = [str(args.soak_serve), "--seed", str(args.seed)]
         if args.output is not None:

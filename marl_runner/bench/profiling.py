@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks.measure import Progress, Settings, _quiet, time_runner
-from benchmarks.workloads import Workload
+from marl_runner.bench.measure import Progress, Settings, _quiet, time_runner
+from marl_runner.bench.workloads import Workload
 from marl_runner.sampling.runner import EnvRunner
 
 _PREFIXES = sorted(

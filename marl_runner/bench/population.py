@@ -14,14 +14,13 @@ import json
 import subprocess
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from time import perf_counter
 from typing import Any
 
-from benchmarks.bare_loop import BareLoop
-from benchmarks.measure import Settings, _median, time_runner
-from benchmarks.workloads import get_workload
 from marl_runner.batch import MultiAgentBatch
+from marl_runner.bench.bare_loop import BareLoop
+from marl_runner.bench.measure import Settings, _median, time_runner
+from marl_runner.bench.workloads import get_workload
 from marl_runner.sampling.runner import EnvRunner
 
 Progress = Callable[[str], None]
@@ -85,8 +84,8 @@ def memory_per_batch(name: str, settings: Settings, vectorize: str, num_workers:
          "batches": 2 if settings.smoke else MEMORY_BATCHES}
     )
     done = subprocess.run(
-        [sys.executable, "-c", f"from benchmarks.population import _memory_child; _memory_child({args!r})"],
-        capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parent.parent,
+        [sys.executable, "-c", f"from marl_runner.bench.population import _memory_child; _memory_child({args!r})"],
+        capture_output=True, text=True, check=True,
     )
     return json.loads(done.stdout.strip().splitlines()[-1])
 

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import psutil
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]  # the checkout: these modes serve its examples/
 CONFIG = REPO / "examples" / "configs" / "serve_drones.yaml"
 DRONES = [f"drone_{i}" for i in range(4)]
 # A client killed mid-episode leaves its slot taken until this timeout ends the episode.
@@ -359,7 +359,7 @@ def print_soak_serve(report: dict[str, Any], write: Callable[[str], None] = prin
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m benchmarks.soak_serve MINUTES`; exit 0 when nothing was lost or failed."""
+    """`python -m marl_runner.bench.soak_serve MINUTES`; exit 0 when nothing was lost or failed."""
     parser = argparse.ArgumentParser(prog="soak_serve", description=__doc__.split("\n")[0])
     parser.add_argument("minutes", type=float)
     parser.add_argument("--seed", type=int, default=0)

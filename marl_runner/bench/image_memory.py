@@ -1,4 +1,4 @@
-"""``python -m benchmarks.image_memory``: what an image observation costs in a batch.
+"""``python -m marl_runner.bench.image_memory``: what an image observation costs in a batch.
 
 Samples pistonball (457x120x3 RGB crop per piston) through the runner with
 several agent connector chains and measures, from the batches themselves:
@@ -14,8 +14,8 @@ several agent connector chains and measures, from the batches themselves:
 as uint8 (``ObsPreprocessorConnector`` then ``FlattenDataAgentConnector``
 reproduces it exactly: 403,200 floats per obs).
 
-    python -m benchmarks.image_memory            # the table
-    python -m benchmarks.image_memory --json     # the same as JSON on stdout
+    python -m marl_runner.bench.image_memory            # the table
+    python -m marl_runner.bench.image_memory --json     # the same as JSON on stdout
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ import sys
 import time
 from typing import Any
 
-from marl_runner import EnvRunner, RunnerConfig
+from marl_runner.config import RunnerConfig
 from marl_runner.policy.torch_utils import limit_inference_threads
+from marl_runner.sampling.runner import EnvRunner
 
 PISTONBALL = "pettingzoo.butterfly.pistonball_v6:parallel_env"
 PRE = "ObsPreprocessorConnector"

@@ -55,9 +55,9 @@ def vector_speedup(
     machine, coming and going, hits sync and subprocess alike.
     """
     # Imported here: worker processes import this module for SlowSubEnv, and need no torch.
-    from benchmarks.bare_loop import BareLoop
-    from benchmarks.measure import time_runner
-    from benchmarks.workloads import get_workload
+    from marl_runner.bench.bare_loop import BareLoop
+    from marl_runner.bench.measure import time_runner
+    from marl_runner.bench.workloads import get_workload
     from marl_runner.policy.torch_utils import limit_inference_threads
     from marl_runner.sampling.runner import EnvRunner
 

@@ -7,7 +7,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks.machine_load import load_note
+from marl_runner.bench.machine_load import load_note
 
 PERF_COLUMNS = (
     ("mean_env_wait_ms", "env wait"),

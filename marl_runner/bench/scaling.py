@@ -21,8 +21,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks.workloads import get_workload
-from marl_runner import EnvRunner, RunnerConfig
+from marl_runner.bench.workloads import get_workload
+from marl_runner.config import RunnerConfig
+from marl_runner.sampling.runner import EnvRunner
 
 SCALING_WORKLOADS = ("kaz", "spread")
 GROUP_SIZES = (1, 2, 4)

@@ -21,8 +21,9 @@ from typing import Any
 
 import psutil
 
-from marl_runner import EnvRunner, RunnerConfig, check_batch_invariants
-from marl_runner.checks import rewards_per_trajectory, trajectory_rows
+from marl_runner.checks import check_batch_invariants, rewards_per_trajectory, trajectory_rows
+from marl_runner.config import RunnerConfig
+from marl_runner.sampling.runner import EnvRunner
 
 EPISODE_LEN = 20
 #: A complete RandomFaultEnv episode: a0 gets 0.1 per step, a1 0.2.

@@ -10,7 +10,7 @@ client sees it, errors, and the episodes the clients finished against those
 the server wrote to `--out`. Also the wire codec: encode + decode of one
 request, safe binary framing vs JSON.
 
-A client process is this module run as `python -m benchmarks.external
+A client process is this module run as `python -m marl_runner.bench.external
 --client ADDRESS THREADS START END SEED`; it prints one JSON line.
 """
 
@@ -38,7 +38,7 @@ from rich.table import Table
 from marl_runner.serving import codec
 from marl_runner.serving.validation import to_space
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]  # the checkout: these modes serve its examples/
 CONFIG = REPO / "examples" / "configs" / "serve_drones.yaml"
 NUM_AGENTS = 4
 OBS_DIM = 8

@@ -17,8 +17,8 @@ from typing import Any
 
 import psutil
 
-from benchmarks.bare_loop import BareLoop
-from benchmarks.workloads import Workload
+from marl_runner.bench.bare_loop import BareLoop
+from marl_runner.bench.workloads import Workload
 from marl_runner.config import RunnerConfig
 from marl_runner.sampling.runner import EnvRunner
 

@@ -19,8 +19,8 @@ from typing import Any
 
 import psutil
 
-from benchmarks.measure import Settings
-from benchmarks.workloads import MEMORY_WORKLOAD, get_workload
+from marl_runner.bench.measure import Settings
+from marl_runner.bench.workloads import MEMORY_WORKLOAD, get_workload
 from marl_runner.distributed.ray_session import ray_session
 from marl_runner.sampling.runner import EnvRunner
 

@@ -1,1 +1,0 @@
-"""Benchmarks of marl-runner: the runner against a bare sampling loop (see README.md)."""

@@ -1,8 +1,0 @@
-"""``python -m benchmarks``: same as ``marl-runner bench``."""
-
-import sys
-
-from benchmarks.cli import main
-
-if __name__ == "__main__":
-    sys.exit(main())
