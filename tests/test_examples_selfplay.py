@@ -195,6 +195,7 @@ def test_the_summary_is_written_before_the_plot(example: str, tmp_path, monkeypa
     check_final_matches(summary["vs_random"], games=8)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_selfplay_without_periodic_matches_ends_without_a_curve(tmp_path, capsys) -> None:
     # --eval-every 0: no win rate during training, so no line to draw; the run still ends well.
@@ -209,6 +210,7 @@ def test_selfplay_without_periodic_matches_ends_without_a_curve(tmp_path, capsys
     check_final_matches(summary["vs_random"], games=4)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_league_with_the_bot_keeps_its_games_apart_and_measures_against_it(tmp_path) -> None:
     """--bot-share: some games are against the 1-ply bot, counted apart from the pool's; the

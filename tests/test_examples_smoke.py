@@ -100,6 +100,7 @@ def test_example_configs_validate_from_the_cli(config: str, capsys, monkeypatch)
     assert "config OK" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_train_ppo_trains_a_cnn_on_pistonball_frames_in_smoke_mode(tmp_path) -> None:
     run_dir = tmp_path / "pistonball"
@@ -118,6 +119,7 @@ def test_train_ppo_trains_a_cnn_on_pistonball_frames_in_smoke_mode(tmp_path) -> 
     assert math.isfinite(summary["random_episode_reward_mean"])
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_train_ppo_imports_examples_configs_when_run_from_another_folder(tmp_path) -> None:
     # connect_four.yaml names "examples.mappings:by_seat": importable from the repository root,

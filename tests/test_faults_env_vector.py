@@ -228,6 +228,7 @@ def test_ctrl_c_while_polling_keeps_the_protocol_in_step_and_leaks_no_memory():
     assert shm_blocks() <= before
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_a_hang_then_stop_kills_the_worker_and_frees_its_memory():
     before = shm_blocks()
     vec = make_vec("subprocess", hang_in_step_1, 2, num_workers=2)  # no timeout

@@ -240,4 +240,5 @@ class BareLoop:
         return result
 
     def stop(self) -> None:
+        """Ends the vector env (its worker processes, when it has any)."""
         self.env.stop()

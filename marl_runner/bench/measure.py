@@ -103,6 +103,7 @@ class RunnerWindow:
 
     @property
     def agent_steps_per_s(self) -> float:
+        """The window's throughput, the figure the runner and the bare loop are compared by."""
         return self.agent_steps / max(self.elapsed_s, 1e-9)
 
 

@@ -68,6 +68,7 @@ class Watched:
     process: psutil.Process
 
     def rss_mb(self) -> float:
+        """The process's resident memory now, in MiB: what the growth check compares."""
         return self.process.memory_info().rss / 2**20
 
 
