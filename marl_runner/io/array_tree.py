@@ -159,7 +159,7 @@ def parse_json(raw: bytes | memoryview, what: str, error: type[Exception]) -> An
         raise error(f"{what} is not valid JSON: {err}") from None
     except RecursionError:
         raise error(too_deep) from None
-    if _depth_exceeds(value, MAX_DEPTH):  # later steps recurse over the value
+    if depth_exceeds(value, MAX_DEPTH):  # later steps recurse over the value
         raise error(too_deep)
     return value
 
@@ -299,7 +299,7 @@ def _array_entry(
     return dtype, tuple(shape), offset, nbytes
 
 
-def _depth_exceeds(value: Any, max_depth: int) -> bool:
+def depth_exceeds(value: Any, max_depth: int) -> bool:
     """Whether JSON ``value`` nests deeper than ``max_depth`` levels (iterative: no recursion)."""
     stack = [(value, 1)]
     while stack:

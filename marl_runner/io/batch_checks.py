@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from marl_runner.io.array_tree import depth_exceeds
+
 __all__ = [
     "MAX_JSON_DEPTH",
     "BatchFileError",
@@ -79,7 +81,7 @@ def load_json(raw: bytes | str, path: Any, what: str) -> Any:
         raise BatchFileError(path, too_deep) from None
     except (UnicodeDecodeError, ValueError) as exc:
         raise BatchFileError(path, f"its {what} is not valid JSON: {exc}") from None
-    if _depth_exceeds(value, MAX_JSON_DEPTH):
+    if depth_exceeds(value, MAX_JSON_DEPTH):
         raise BatchFileError(path, too_deep)
     return value
 
@@ -109,17 +111,3 @@ def _json_kind(kind: type | tuple[type, ...]) -> str:
     kinds = kind if isinstance(kind, tuple) else (kind,)
     names = {dict: "object", list: "list", str: "string", int: "integer", float: "number"}
     return " or ".join(names.get(k, k.__name__) for k in kinds)
-
-
-def _depth_exceeds(value: Any, max_depth: int) -> bool:
-    """Whether JSON ``value`` nests deeper than ``max_depth`` levels (iterative: no recursion)."""
-    stack = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if depth > max_depth:
-            return True
-        if isinstance(node, dict):
-            stack.extend((child, depth + 1) for child in node.values())
-        elif isinstance(node, list):
-            stack.extend((child, depth + 1) for child in node)
-    return False
