@@ -29,9 +29,11 @@ def sequence_lengths(batch: Mapping[str, Any], max_seq_len: int) -> np.ndarray:
 
     A run starts wherever ``eps_id`` or ``agent_index`` changes or ``t`` is
     not the previous row's ``t + 1``; runs longer than ``max_seq_len`` are
-    cut into pieces of ``max_seq_len`` (the last one shorter). Rows must be
-    in the order the runner returns them (each trajectory's rows together,
-    in time order); a shuffled batch gives runs of length 1.
+    cut into pieces of ``max_seq_len`` (the last one shorter). Each
+    trajectory's rows must be together, in time order: call
+    ``batch.in_trajectory_order()`` first (a runner batch interleaves its
+    agents' rows unless the policy post-processes them); an interleaved or
+    shuffled batch gives runs of length 1.
     """
     if max_seq_len < 1:
         raise ValueError(f"max_seq_len must be >= 1, got {max_seq_len}")
