@@ -205,6 +205,7 @@ def interrupt_main_thread_after(seconds: float) -> threading.Timer:
     return timer
 
 
+@pytest.mark.slow  # a SIGINT to the main thread: run alone, not beside an xdist worker
 def test_ctrl_c_while_polling_keeps_the_protocol_in_step_and_leaks_no_memory():
     """A KeyboardInterrupt while waiting for a slow worker: the retried poll gets
     this round's results (not a stale reply later); stop frees everything."""
