@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import logging
+import signal
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
+# A process started in the background by a non-interactive shell inherits SIGINT ignored,
+# and Python then installs no KeyboardInterrupt handler. The Ctrl-C tests need one, here and
+# in the commands they start (a handled signal is reset to the default at exec).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
