@@ -2,8 +2,9 @@
 
 The slow test starts a real `ray start --head --block` with token authentication
 on, in its own process group, temp dir, ports and HOME, joins it with
-`marl-runner sample --runners 2 --address HOST:PORT`, and ends only the processes
-it started (never `ray stop`, which would end every Ray on the machine).
+`marl-runner sample --runners 2 --address HOST:PORT` (and is refused, at once and
+with one error line, with a wrong token or none), and ends only the processes it
+started (never `ray stop`, which would end every Ray on the machine).
 """
 
 from __future__ import annotations
@@ -112,6 +113,79 @@ def test_a_failed_join_says_what_to_check(clean_auth_env, monkeypatch) -> None:
     assert "unset it" in ray_auth.join_failure_hint("10.9.8.7:6379")
 
 
+@contextlib.contextmanager
+def fake_head(accepts: bool) -> Iterator[str]:
+    """A gRPC server on a free port that answers a head's first question (the cluster
+    ID) as a token-auth head does to a client with no token, or as an open head does."""
+    grpc = pytest.importorskip("grpc")
+    pytest.importorskip("ray")
+    from concurrent import futures
+
+    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
+    class Head(gcs_service_pb2_grpc.NodeInfoGcsServiceServicer):
+        def GetClusterId(self, request, context):
+            if not accepts:
+                context.abort(grpc.StatusCode.UNAUTHENTICATED, "InvalidAuthToken: missing")
+            return gcs_service_pb2.GetClusterIdReply(cluster_id=b"\x01" * 28)
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    gcs_service_pb2_grpc.add_NodeInfoGcsServiceServicer_to_server(Head(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        server.stop(grace=None)
+
+
+def test_a_head_that_refuses_is_found_before_joining(clean_auth_env, monkeypatch) -> None:
+    """connect_ray asks the head first and never calls ray.init when it refuses."""
+    ray = pytest.importorskip("ray")
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kwargs: pytest.fail("ray.init was called"))
+    with fake_head(accepts=False) as address:
+        started = time.monotonic()
+        with pytest.raises(ConnectionError) as caught:
+            connect_ray(address)
+        assert time.monotonic() - started < 5.0  # Ray's own join retries for about 20 s
+    assert str(caught.value).startswith(f"the Ray cluster at {address!r} refused this process")
+    assert "none was sent: set RAY_AUTH_TOKEN" in str(caught.value)
+
+
+def test_only_a_refusal_stops_the_join_early(clean_auth_env) -> None:
+    """An open head, a port nobody listens on and addresses that are not a head's are
+    left to ray.init, which waits for a head still starting and reports the rest."""
+    with fake_head(accepts=True) as address:
+        ray_auth.check_token(address)
+    ray_auth.check_token(f"127.0.0.1:{_free_ports(1)[0]}")
+    with fake_head(accepts=False) as address:
+        ray_auth.check_token(f"ray://{address}")
+        ray_auth.check_token("auto")
+
+
+def test_a_refusal_says_which_token_went_and_what_to_set(clean_auth_env, monkeypatch) -> None:
+    address = "10.9.8.7:6379"
+    assert "none was sent: set RAY_AUTH_TOKEN" in ray_auth.token_refused_message(address)
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", "/etc/ray_token")
+    assert "token from RAY_AUTH_TOKEN_PATH (/etc/ray_token) is not the head's" in (
+        ray_auth.token_refused_message(address)
+    )
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "abc")  # Ray's order: the variable first
+    assert "token from RAY_AUTH_TOKEN is not" in ray_auth.token_refused_message(address)
+    monkeypatch.delenv("RAY_AUTH_TOKEN")
+    monkeypatch.delenv("RAY_AUTH_TOKEN_PATH")
+    assert f"token from {clean_auth_env}/.ray/auth_token is not" in (
+        ray_auth.token_refused_message(address)
+    )
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    message = ray_auth.token_refused_message(address)
+    assert "RAY_AUTH_MODE=disabled is set, so none was sent: unset RAY_AUTH_MODE" in message
+    assert message.startswith(f"the Ray cluster at {address!r}")
+    assert message.endswith("(see docs/SCALING.md)")
+
+
 def test_only_the_token_enabled_notice_is_quiet(caplog) -> None:
     ray_support.quiet_token_auth_notice()
     ray_support.quiet_token_auth_notice()  # idempotent: one filter
@@ -135,7 +209,9 @@ def test_without_an_address_ray_is_started_or_joined_once(monkeypatch) -> None:
     def init(**kwargs):
         calls.append(kwargs)
         if "num_cpus" in kwargs and kwargs["num_cpus"] is not None:
-            raise ValueError("When connecting to an existing cluster, num_cpus must not be provided")
+            raise ValueError(
+                "When connecting to an existing cluster, num_cpus must not be provided"
+            )
         connected[0] = True
 
     monkeypatch.setattr(ray, "is_initialized", lambda: connected[0])
@@ -207,7 +283,8 @@ def _end_process_group(process: subprocess.Popen, grace_s: float = 60.0) -> None
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and _group_alive(process.pid):
+    # poll() reaps the leader: unreaped, it would keep the group "alive" for the whole grace.
+    while time.monotonic() < deadline and (process.poll() is None or _group_alive(process.pid)):
         time.sleep(0.5)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
@@ -228,9 +305,7 @@ def _sample(address: str, out: Path, env: dict[str, str]) -> subprocess.Complete
         "--address", address, "--steps", "100", "--set", "num_envs=1",
         "--set", "rollout_fragment_length=50", "--out", str(out),
     ]  # fmt: skip
-    return subprocess.run(
-        command, cwd=REPO, env=env, capture_output=True, text=True, timeout=240
-    )
+    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
 
 
 @pytest.mark.slow
@@ -248,12 +323,33 @@ def test_the_cli_joins_a_token_cluster_by_host_and_port(tmp_path) -> None:
         # On the head machine, as after `ray start --head` there: its ~/.ray/auth_token.
         here = _sample(f"127.0.0.1:{port}", tmp_path / "here", {**base, "HOME": str(head_home)})
         # From elsewhere (a HOME without the token file): the token handed over by variable.
-        node_ip = _node_ip()
+        address = f"{_node_ip()}:{port}"
         joined = _sample(
-            f"{node_ip}:{port}",
-            tmp_path / "other",
-            {**base, "HOME": str(other_home), "RAY_AUTH_TOKEN": token},
+            address, tmp_path / "other", {**base, "HOME": str(other_home), "RAY_AUTH_TOKEN": token}
         )
+        # A wrong token, and none: refused at once, with our one error line and none of Ray's.
+        refused = {}
+        cases = (
+            ("is not the head's", {"RAY_AUTH_TOKEN": secrets.token_hex(32)}),
+            ("none was sent", {}),
+        )
+        for case, extra in cases:
+            started = time.monotonic()
+            result = _sample(
+                address, tmp_path / "refused", {**base, "HOME": str(other_home), **extra}
+            )
+            refused[case] = (result, time.monotonic() - started)
+    for case, (result, seconds) in refused.items():
+        assert result.returncode != 0, result.stdout
+        assert "InvalidAuthToken" not in result.stderr
+        error = (
+            f"marl-runner sample: error: ConnectionError: the Ray cluster at '{address}' refused"
+        )
+        assert result.stderr.splitlines() == [result.stderr.strip()], result.stderr
+        assert result.stderr.startswith(error) and case in result.stderr, result.stderr
+        assert "RAY_AUTH_TOKEN" in result.stderr
+        # Ray's own join retries for about 20 s; the rest is the command's start-up.
+        assert seconds < 15.0, f"refused after {seconds:.1f} s"
     for result, out in ((here, tmp_path / "here"), (joined, tmp_path / "other")):
         assert result.returncode == 0, result.stdout + result.stderr
         assert "InvalidAuthToken" not in result.stderr

@@ -16,9 +16,12 @@ the user asked for or when the token cannot leave this machine:
 - the address is this machine and `~/.ray/auth_token` exists: the cluster and
   the token file are on this machine, as with `address="auto"`.
 
-A client in token mode still joins a cluster without authentication. The
-notice a local `ray.init()` prints is quieted by `marl_runner.ray_support`,
-re-exported here for code that imports it from this module.
+A client in token mode still joins a cluster without authentication. Before
+joining, `check_token` asks the head once whether it takes the token presented
+(or none), so a wrong or missing token fails at once with an error that says
+what to set, instead of Ray's 20 s of retries and raw log lines. The notice a
+local `ray.init()` prints is quieted by `marl_runner.ray_support`, re-exported
+here for code that imports it from this module.
 """
 
 from __future__ import annotations
@@ -34,17 +37,24 @@ __all__ = [
     "ENABLED_NOTICE",
     "TOKEN_SETUP_LOGGER",
     "address_host",
+    "check_token",
     "default_token_path",
     "enable_token_mode",
     "is_this_machine",
     "join_failure_hint",
+    "presented_token_source",
     "quiet_token_auth_notice",
+    "token_refused_message",
     "wants_token_mode",
 ]
 
 AUTH_MODE_VAR = "RAY_AUTH_MODE"
 TOKEN_VARS = ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
 _LOOPBACK = {"localhost", "127.0.0.1", "::1"}
+_SET_TOKEN = (
+    "set RAY_AUTH_TOKEN to the head's token (`ray get-auth-token` on the head prints it) "
+    "or RAY_AUTH_TOKEN_PATH to a file holding it"
+)
 
 
 def default_token_path() -> Path:
@@ -102,12 +112,65 @@ def join_failure_hint(address: str) -> str:
             "~/.ray/auth_token) is the head's: `ray get-auth-token` on the head prints it"
         )
     else:
-        token = (
-            "if the cluster uses token authentication, set RAY_AUTH_TOKEN to the head's token "
-            "(`ray get-auth-token` on the head prints it) or RAY_AUTH_TOKEN_PATH to a file "
-            "holding it"
-        )
+        token = f"if the cluster uses token authentication, {_SET_TOKEN}"
     return (
         f"could not join the Ray cluster at {address!r}: check that `ray start --head` runs "
         f"there and its port is reachable from here; {token} (see docs/SCALING.md)"
     )
+
+
+def presented_token_source() -> str | None:
+    """Where the token this process presents comes from, in Ray's order; None when it
+    presents none (token mode off)."""
+    if os.environ.get(AUTH_MODE_VAR) != "token":
+        return None
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return "RAY_AUTH_TOKEN"
+    if path := os.environ.get("RAY_AUTH_TOKEN_PATH"):
+        return f"RAY_AUTH_TOKEN_PATH ({path})"
+    return str(default_token_path())
+
+
+def token_refused_message(address: str) -> str:
+    """The error for a head at `address` that refused this process's token, or its lack."""
+    source = presented_token_source()
+    if os.environ.get(AUTH_MODE_VAR) == "disabled":
+        fix = (
+            "it needs a token and RAY_AUTH_MODE=disabled is set, so none was sent: unset "
+            f"RAY_AUTH_MODE (and, off the head machine, {_SET_TOKEN})"
+        )
+    elif source is None:
+        fix = f"it needs a token and none was sent: {_SET_TOKEN}"
+    else:
+        fix = f"the token from {source} is not the head's: {_SET_TOKEN}"
+    return f"the Ray cluster at {address!r} refused this process: {fix} (see docs/SCALING.md)"
+
+
+def check_token(address: str, timeout_s: float = 5.0) -> None:
+    """Raise ConnectionError (`token_refused_message`) when the head at `address` refuses
+    the token this process presents, or its lack.
+
+    `ray.init` retries a refused token for about 20 s and logs each try as a raw
+    `InvalidAuthToken` line; one gRPC call for the cluster ID, the first thing a
+    joining client asks the head, gets the same answer in milliseconds. Every
+    other outcome (no answer yet, a `ray://` or `auto` address, a Ray without
+    token authentication or without grpcio) is left to `ray.init` to handle.
+    """
+    if address == "auto" or "://" in address:
+        return
+    try:
+        import grpc
+        from ray._private.grpc_utils import init_grpc_channel
+        from ray._raylet import AuthenticationTokenLoader  # noqa: F401 (Ray with token auth)
+        from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+    except ImportError:
+        return
+    channel = init_grpc_channel(address)  # with Ray's token interceptor when in token mode
+    try:
+        stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
+        stub.GetClusterId(gcs_service_pb2.GetClusterIdRequest(), timeout=timeout_s)
+    except grpc.RpcError as exc:
+        if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
+            raise ConnectionError(token_refused_message(address)) from None
+    finally:
+        channel.close()

@@ -5,7 +5,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from marl_runner.distributed.ray_auth import enable_token_mode, join_failure_hint, wants_token_mode
+from marl_runner.distributed.ray_auth import (
+    check_token,
+    enable_token_mode,
+    join_failure_hint,
+    wants_token_mode,
+)
 from marl_runner.ray_support import INIT_OPTIONS, init_ray, quiet_token_auth_notice
 
 
@@ -15,12 +20,13 @@ def connect_ray(address: str | None = None, *, num_cpus: int | None = None) -> b
     With `address` (e.g. "auto", "10.0.0.1:6379", "ray://head:10001") it
     joins that cluster, presenting a token when one is given
     (`RAY_AUTH_TOKEN`, `RAY_AUTH_TOKEN_PATH`) or when the cluster is on this
-    machine and `~/.ray/auth_token` exists (see `ray_auth`); a failure to
-    join raises ConnectionError saying what to check. Without one it joins
-    the cluster that `ray start --head` runs on this machine (or
-    `RAY_ADDRESS`), else starts a local Ray with `num_cpus` CPUs (default:
-    all). An existing connection is reused and False returned, so the caller
-    must not shut it down.
+    machine and `~/.ray/auth_token` exists (see `ray_auth`). A head that
+    refuses the token (or its lack) is caught before joining, in
+    milliseconds; that and any other failure to join raise ConnectionError
+    saying what to check. Without `address` it joins the cluster that
+    `ray start --head` runs on this machine (or `RAY_ADDRESS`), else starts a
+    local Ray with `num_cpus` CPUs (default: all). An existing connection is
+    reused and False returned, so the caller must not shut it down.
     """
     import ray
 
@@ -31,6 +37,7 @@ def connect_ray(address: str | None = None, *, num_cpus: int | None = None) -> b
     quiet_token_auth_notice()
     if wants_token_mode(address):
         enable_token_mode()
+    check_token(address)
     try:
         ray.init(address=address, **INIT_OPTIONS)
     except ConnectionError as exc:
