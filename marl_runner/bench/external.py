@@ -127,7 +127,7 @@ def measure_served(num_clients: int, num_processes: int, duration_s: float) -> d
             threads = num_clients // num_processes
             clients = [
                 subprocess.Popen(
-                    [sys.executable, "-m", "benchmarks.external", "--client", address,
+                    [sys.executable, "-m", "marl_runner.bench.external", "--client", address,
                      str(threads), repr(start), repr(end), str(i)],
                     cwd=REPO, stdout=subprocess.PIPE, text=True,
                     env={**os.environ, "PYTHONPATH": str(REPO)},

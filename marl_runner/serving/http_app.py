@@ -41,6 +41,9 @@ STOPPING_MESSAGE = "the server is stopping; this request was not run"
 DECODE_IN_THREAD_BYTES = 64 * 1024
 # How long a refused request's body is read and dropped, so its client reads the answer.
 LINGER_S = 2.0
+# Room for an answer's status line and headers when judging whether it fits the write buffer.
+ANSWER_HEAD_BYTES = 1024
+BODY_TOO_SHORT = "the body ended before its Content-Length"
 # A request line or header line longer than this gets 400.
 MAX_LINE_BYTES = 16 * 1024
 
@@ -126,7 +129,12 @@ class HttpEndpoint:
         self.closing = False  # new requests get 503 (set as close() begins)
         self._close_began = False
         self.requests_timed_out = 0
-        self.loop = asyncio.new_event_loop()
+        import os
+        if os.environ.get("XP_UVLOOP"):
+            import uvloop
+            self.loop = uvloop.new_event_loop()
+        else:
+            self.loop = asyncio.new_event_loop()
         # Blocking calls (a slot to free, the runner's weights) wait here, not on the loop.
         self.loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(
             settings.max_concurrency, thread_name_prefix="marl-runner-call"))
@@ -315,19 +323,24 @@ class HttpEndpoint:
         stops at it (or fails short of it): nothing above `max_body_bytes` is
         ever held.
         """
+        content = request.content
+        if content.is_eof():  # the whole body arrived with its head: nothing to wait for
+            try:
+                return await content.readexactly(length)
+            except asyncio.IncompleteReadError:
+                raise HTTPStatusError(HTTPStatus.BAD_REQUEST, BODY_TOO_SHORT) from None
         if request.headers.get("Expect", "").lower() == "100-continue":
             await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         try:
             async with asyncio.timeout(self.settings.body_deadline_s(length)):
-                raw = await request.content.readexactly(length)
+                raw = await content.readexactly(length)
         except TimeoutError:
             self._missed_deadline(request)
             raise HTTPStatusError(HTTPStatus.REQUEST_TIMEOUT, "the request did not arrive in "
                                   f"time: send the body within {self.settings.request_timeout_s:g}"
                                   f" s plus {self.settings.min_body_rate:g} bytes/s") from None
         except asyncio.IncompleteReadError:
-            raise HTTPStatusError(HTTPStatus.BAD_REQUEST, "the body ended before its "
-                                  "Content-Length") from None
+            raise HTTPStatusError(HTTPStatus.BAD_REQUEST, BODY_TOO_SHORT) from None
         return raw
 
     async def _send(self, request: web.BaseRequest, payload: bytes,
@@ -335,6 +348,16 @@ class HttpEndpoint:
         """The answer written here (head and body in one send), under its deadline: a client
         that stops reading its answers cannot hold the connection."""
         response = web.Response(body=payload, status=200, content_type=content_type)
+        transport = request.transport
+        if transport is not None and (
+            transport.get_write_buffer_size() + len(payload) + ANSWER_HEAD_BYTES
+            <= transport.get_write_buffer_limits()[1]
+        ):
+            # It fits the transport's buffer, which is below its high-water mark: the write
+            # cannot wait for the client, so no deadline is needed.
+            await response.prepare(request)
+            await response.write_eof()
+            return response
         try:
             async with asyncio.timeout(self.settings.body_deadline_s(len(payload))):
                 await response.prepare(request)

@@ -14,6 +14,8 @@ the sampling loop's thread. Closing loses nothing answered 200 (`close()`).
 from __future__ import annotations
 
 import asyncio
+import collections
+import functools
 import ipaddress
 import os
 import queue
@@ -130,6 +132,7 @@ class PolicyServer:
         sock = sock if sock is not None else listening_socket(host, port)
         self._bound: tuple[str, int] = sock.getsockname()[:2]
         self._http = HttpEndpoint(routes, self.settings, self.token, sock)
+        self._answers = Handoff(self._http.loop)
         self._uploads_lock = threading.Lock()
         self._uploads_open = True
 
@@ -213,19 +216,8 @@ class PolicyServer:
     async def _get_action(self, body: dict) -> dict:
         episode_id = episode_id_of(_object(body))
         obs = self.values.obs(body.get("obs"))
-        loop = asyncio.get_running_loop()
-        answer = loop.create_future()
-
-        def settle(actions: Any, error: BaseException | None) -> None:
-            if not answer.done():
-                if error is None:
-                    answer.set_result(actions)
-                else:
-                    answer.set_exception(error)
-
-        self.board.request_action(
-            episode_id, obs, lambda *result: loop.call_soon_threadsafe(settle, *result)
-        )
+        answer = self._answers.loop.create_future()
+        self.board.request_action(episode_id, obs, functools.partial(self._answers.settle, answer))
         return {"actions": await answer}
 
     async def _log_action(self, body: dict) -> dict:
@@ -291,6 +283,39 @@ class PolicyServer:
 
     async def _health(self, body: None) -> dict:
         return {"ok": True, "running_episodes": self.board.num_running, "process": os.getpid()}
+
+
+class Handoff:
+    """Settles futures of `loop` from other threads, with one wake-up of the loop per burst.
+
+    The runner answers a forward pass's requests one after the other; a
+    `call_soon_threadsafe` each would wake the loop (a write to its self-pipe)
+    once per answer. Here the first answer of a burst schedules one `_settle_all`
+    and the others join the queue it empties.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._queue: collections.deque = collections.deque()
+        self._scheduled = False
+
+    def settle(self, future: asyncio.Future, result: Any, error: BaseException | None) -> None:
+        """From any thread: `future` gets `result`, or raises `error` when it is not None."""
+        self._queue.append((future, result, error))
+        if not self._scheduled:  # queued first: an emptying in progress either takes it or
+            self._scheduled = True  # has cleared the flag, so this schedules another
+            self.loop.call_soon_threadsafe(self._settle_all)
+
+    def _settle_all(self) -> None:
+        self._scheduled = False
+        while self._queue:
+            future, result, error = self._queue.popleft()
+            if future.done():  # cancelled: its request ended (the client went away)
+                continue
+            if error is None:
+                future.set_result(result)
+            else:
+                future.set_exception(error)
 
 
 REMOTE_CALLS = ("start_episode", "get_action", "log_action", "log_returns", "end_episode")

@@ -30,6 +30,7 @@ from marl_runner.serving.value_checks import (
     real_array,
     refuse_first,
     short,
+    space_array,
     to_space,
 )
 
@@ -104,6 +105,9 @@ class CallValues:
         values = _object_of(values, key, "value")
         if not values and not allow_empty:
             raise RequestError(f"{key}: expected at least one agent")
+        fast = _one_box_arrays(values, space_of)
+        if fast is not None:
+            return fast
         out = {}
         for agent, value in values.items():
             where = f"{_FIELD_NAMES[key]} of agent {agent!r}"
@@ -112,6 +116,34 @@ class CallValues:
                 check_action_mask(out[agent][ACTION_MASK], self.env.get_action_space(agent),
                                   f"{where}[{ACTION_MASK!r}]")
         return out
+
+
+def _one_box_arrays(values: dict, space_of: Callable[[Any], gym.Space]) -> dict | None:
+    """Agents whose values are arrays of one dtype and whose spaces are one Box, checked as
+    one stacked array: the same checks as `to_space` agent by agent, in a few numpy calls
+    instead of a dozen per agent. None when that does not apply or a check fails, so the
+    caller checks agent by agent and its message names the agent and the entry."""
+    space = dtype = None
+    for agent, value in values.items():
+        try:
+            agent_space = space_of(agent)
+        except Exception:
+            return None
+        if space is None:
+            space, dtype = agent_space, getattr(value, "dtype", None)
+        if (
+            agent_space is not space or not isinstance(space, gym.spaces.Box)
+            or type(value) is not np.ndarray or value.dtype != dtype
+            or value.shape != space.shape
+        ):
+            return None
+    if space is None:
+        return None
+    try:
+        stacked = space_array(space, np.stack(list(values.values())), "", rows=len(values))
+    except RequestError:
+        return None
+    return dict(zip(values, stacked))
 
 
 def _object_of(values: Any, key: str, kind: str) -> dict:
