@@ -129,12 +129,7 @@ class HttpEndpoint:
         self.closing = False  # new requests get 503 (set as close() begins)
         self._close_began = False
         self.requests_timed_out = 0
-        import os
-        if os.environ.get("XP_UVLOOP"):
-            import uvloop
-            self.loop = uvloop.new_event_loop()
-        else:
-            self.loop = asyncio.new_event_loop()
+        self.loop = asyncio.new_event_loop()
         # Blocking calls (a slot to free, the runner's weights) wait here, not on the loop.
         self.loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(
             settings.max_concurrency, thread_name_prefix="marl-runner-call"))
