@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+
+# Worker processes (forkserver, Ray, the commands a test starts) import the test envs by
+# name, e.g. `tests.envs:CrashingEnv`. pytest puts the checkout on this process's sys.path
+# only; PYTHONPATH puts it on theirs.
+REPO = str(Path(__file__).resolve().parent.parent)
+_PATHS = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+if REPO not in _PATHS:
+    os.environ["PYTHONPATH"] = os.pathsep.join([REPO, *filter(None, _PATHS)])
 
 # A process started in the background by a non-interactive shell inherits SIGINT ignored,
 # and Python then installs no KeyboardInterrupt handler. The Ctrl-C tests need one, here and

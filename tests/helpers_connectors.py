@@ -18,7 +18,7 @@ from connectors import (
     AgentRows,
     ConnectorContext,
 )
-from marl_runner.envs.testing.scripted_env import ScriptedEnv, every_round_script
+from marl_runner.bench.envs.scripted_env import ScriptedEnv, every_round_script
 
 
 def make_rows(

@@ -22,8 +22,8 @@ from connectors import (
     MeanStdObservationFilterAgentConnector,
 )
 from marl_runner import EnvRunner, RunnerConfig
-from marl_runner.envs.testing import BoxActionEnv
 from marl_runner.policy.torch_policy import TorchPolicy
+from tests.envs import BoxActionEnv
 
 KAZ = "pettingzoo.butterfly.knights_archers_zombies_v11:parallel_env"
 KAZ_MAPPING = {"archer_*": "archer", "knight_*": "knight"}

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from marl_runner.envs.shared_buffers import SlotBlock, layout_spec
-from marl_runner.envs.testing import CheapEnv
+from tests.envs import CheapEnv
 
 
 @contextmanager

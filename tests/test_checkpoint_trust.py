@@ -19,11 +19,11 @@ from marl_runner.checkpoint import (
     write_checkpoint,
 )
 from marl_runner.envs import register_env
-from marl_runner.envs.testing import CheapEnv
+from tests.envs import CheapEnv
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-CHEAP = "marl_runner.envs.testing:CheapEnv"
+CHEAP = "marl_runner.bench.envs:CheapEnv"
 MAPPING = "examples.mappings:shared"
 LAMBDA_FN = "helpers_runner_connectors:double_rewards"
 TAG_ROWS = "helpers_runner_connectors:TagRowsConnector"

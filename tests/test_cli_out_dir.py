@@ -16,7 +16,7 @@ from tests.runner_helpers import config
 @pytest.fixture
 def config_path(tmp_path: Path) -> Path:
     path = tmp_path / "run.yaml"
-    cfg = config("marl_runner.envs.testing:CrashingEnv", num_envs=1, rollout_fragment_length=4)
+    cfg = config("tests.envs:CrashingEnv", num_envs=1, rollout_fragment_length=4)
     path.write_text(yaml.safe_dump(cfg.to_dict()))
     return path
 
@@ -39,7 +39,7 @@ def one_line(err: str) -> str:
 
 def test_missing_parents_are_made(tmp_path, capsys):
     path = tmp_path / "run.yaml"
-    cfg = config("marl_runner.envs.testing:CheapEnv", num_envs=1, rollout_fragment_length=4)
+    cfg = config("marl_runner.bench.envs:CheapEnv", num_envs=1, rollout_fragment_length=4)
     path.write_text(yaml.safe_dump(cfg.to_dict()))
     out = tmp_path / "runs" / "first" / "out"
     code = main(["sample", str(path), "--out", str(out), "--steps", "8"])

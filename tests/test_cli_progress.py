@@ -14,7 +14,7 @@ from marl_runner.progress import sample_with_progress
 
 CHEAP = {
     "env": {
-        "name": "marl_runner.envs.testing.cheap_env:CheapEnv",
+        "name": "marl_runner.bench.envs.cheap_env:CheapEnv",
         "config": {"num_agents": 3, "episode_len": 7},
     },
     "num_envs": 2,

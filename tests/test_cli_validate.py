@@ -15,9 +15,9 @@ import pytest
 import yaml
 
 from marl_runner import EnvRunner, RandomPolicy, RunnerConfig
+from marl_runner.bench.envs.scripted_env import OBS_SPACE, ScriptedEnv, every_round_script
 from marl_runner.cli import main
 from marl_runner.config import ConfigError
-from marl_runner.envs.testing.scripted_env import OBS_SPACE, ScriptedEnv, every_round_script
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "configs"
 AGENTS = ("archer_0", "archer_1", "knight_0")

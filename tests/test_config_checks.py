@@ -118,7 +118,7 @@ def test_good_chains_and_models_load() -> None:
 def test_import_path_connectors_are_checked_by_check_imports() -> None:
     config = RunnerConfig.from_dict(
         {
-            "env": {"name": "marl_runner.envs.testing.scripted_env:ScriptedEnv"},
+            "env": {"name": "marl_runner.bench.envs.scripted_env:ScriptedEnv"},
             "policies": {
                 "p": {
                     "action_connectors": ["ConvertToNumpyConnector", "no_such_pkg_xyz.conn:Squash"]

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from marl_runner import EnvRunner, RunnerConfig
+from marl_runner.bench.envs.cheap_env import CheapEnv
 from marl_runner.config import ConfigError
-from marl_runner.envs.testing.cheap_env import CheapEnv
 
 REPO = Path(__file__).resolve().parent.parent
-CHEAP_PATH = "marl_runner.envs.testing.cheap_env:CheapEnv"
+CHEAP_PATH = "marl_runner.bench.envs.cheap_env:CheapEnv"
 
 
 def python_config(env: object, **changes: object) -> dict:
@@ -81,7 +81,7 @@ def test_yaml_cannot_name_an_env_with_anything_but_a_string(tmp_path: Path, name
 SCRIPT = """
     import sys
     from marl_runner import EnvRunner, RunnerConfig, restore_checkpoint, save_checkpoint
-    from marl_runner.envs.testing.cheap_env import CheapEnv
+    from marl_runner.bench.envs.cheap_env import CheapEnv
 
 
     class Hive(CheapEnv):  # defined in __main__: no import path

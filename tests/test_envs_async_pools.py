@@ -10,7 +10,7 @@ import pytest
 
 from marl_runner import EnvRunner, check_batch_invariants
 from marl_runner.envs import EnvError, SubprocessVectorEnv, SyncVectorEnv
-from marl_runner.envs.testing import CheapEnv, CrashingEnv, assert_same
+from tests.envs import CheapEnv, CrashingEnv, assert_same
 from tests.runner_helpers import config
 from tests.test_envs_subprocess_vector import a_bit_slow_second_half, mixed_env, play_per_env
 

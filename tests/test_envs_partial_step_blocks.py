@@ -31,7 +31,7 @@ from marl_runner.envs.errors import EnvError
 from marl_runner.envs.multi_agent_env import MultiAgentDict, StepResult
 from marl_runner.envs.registry import EnvFactory
 from marl_runner.envs.step_block import BlockRow, StepBlock, materialize
-from marl_runner.envs.testing import (
+from tests.envs import (
     CrashingEnvError,
     Round,
     ScriptedEnv,

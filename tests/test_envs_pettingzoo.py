@@ -17,7 +17,7 @@ from pettingzoo.test.example_envs import (
 from pettingzoo.utils.wrappers import BaseWrapper
 
 from marl_runner.envs import AECPettingZooEnv, EnvError, ParallelPettingZooEnv
-from marl_runner.envs.testing import play_episode
+from tests.envs import play_episode
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::UserWarning"),

@@ -13,7 +13,7 @@ from marl_runner.envs import (
     make_env,
     register_env,
 )
-from marl_runner.envs.testing import CheapEnv
+from tests.envs import CheapEnv
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
             ParallelPettingZooEnv,
         ),
         ("mpe2.simple_spread_v3:parallel_env", {"N": 2}, ParallelPettingZooEnv),
-        ("marl_runner.envs.testing:CheapEnv", {"num_agents": 3}, CheapEnv),
+        ("marl_runner.bench.envs:CheapEnv", {"num_agents": 3}, CheapEnv),
     ],
 )
 def test_import_paths_are_detected_and_wrapped(name, config, wrapper):
@@ -83,12 +83,12 @@ def test_register_env_passes_the_config_dict():
         ({"name": "math:pi"}, r"is not callable; expected an env class or function"),
         ({"name": "builtins:dict"}, r"returned a dict; expected a marl_runner MultiAgentEnv"),
         (
-            {"name": "marl_runner.envs.testing:CheapEnv", "config": {"bogus": 1}},
+            {"name": "marl_runner.bench.envs:CheapEnv", "config": {"bogus": 1}},
             r"creating the env with config \{'bogus': 1\} failed with TypeError",
         ),
-        ({"name": "marl_runner.envs.testing:CheapEnv", "api": "gym"}, r"env.api 'gym'.*'auto'"),
-        ({"name": "marl_runner.envs.testing:CheapEnv", "config": [1]}, r"expected a mapping"),
-        ({"name": "marl_runner.envs.testing:CheapEnv", "nmae": 1}, r"unknown keys \['nmae'\]"),
+        ({"name": "marl_runner.bench.envs:CheapEnv", "api": "gym"}, r"env.api 'gym'.*'auto'"),
+        ({"name": "marl_runner.bench.envs:CheapEnv", "config": [1]}, r"expected a mapping"),
+        ({"name": "marl_runner.bench.envs:CheapEnv", "nmae": 1}, r"unknown keys \['nmae'\]"),
         ({"config": {}}, r"env.name None: expected a registered env name"),
     ],
 )
@@ -112,7 +112,7 @@ def test_register_env_validates():
 
 def test_attribute_style_config_and_multi_agent_env_as_is():
     class EnvSection:
-        name = "marl_runner.envs.testing:DyingAgentsEnv"
+        name = "tests.envs:DyingAgentsEnv"
         config = None
         api = "multi_agent"
 

@@ -9,17 +9,17 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
+from marl_runner.bench.envs.scripted_env import ScriptedEnv, every_round_script
 from marl_runner.envs import SubprocessVectorEnv, SyncVectorEnv
 from marl_runner.envs.shared_buffers import SlotBlock, layout_spec
-from marl_runner.envs.testing import (
+from tests.envs import (
     CheapEnv,
     DyingAgentsEnv,
     SpawningAgentsEnv,
     assert_same,
     play_vector_env,
 )
-from marl_runner.envs.testing.scripted_env import ScriptedEnv, every_round_script
-from marl_runner.envs.testing.space_envs import (
+from tests.envs.space_envs import (
     BoxActionEnv,
     DictObsEnv,
     MaskInfoEnv,

@@ -13,7 +13,7 @@ from marl_runner.envs import EnvError, SubprocessVectorEnv, SyncVectorEnv
 from marl_runner.envs.checks import EnvOutputCheck
 from marl_runner.envs.subprocess_checks import RequestChecks
 from marl_runner.envs.subprocess_protocol import Crash, Malformed
-from marl_runner.envs.testing import CheapEnv, assert_same, play_vector_env
+from tests.envs import CheapEnv, assert_same, play_vector_env
 from tests.helpers_slot_blocks import slot_block_pair
 
 pytestmark = [

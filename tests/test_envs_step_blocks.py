@@ -7,10 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from marl_runner.bench.envs.scripted_env import every_round_script
 from marl_runner.envs import SubprocessVectorEnv, SyncVectorEnv
 from marl_runner.envs.registry import EnvFactory
 from marl_runner.envs.step_block import BlockRow, StepBlock, materialize
-from marl_runner.envs.testing import (
+from tests.envs import (
     CheapEnv,
     CrashingEnv,
     DictObsEnv,
@@ -21,7 +22,6 @@ from marl_runner.envs.testing import (
     assert_same,
     play_vector_env,
 )
-from marl_runner.envs.testing.scripted_env import every_round_script
 from tests.helpers_slot_blocks import slot_block_pair
 from tests.test_envs_subprocess_vector import play_per_env
 
@@ -131,7 +131,7 @@ def test_replies_that_do_not_look_alike_come_as_dicts_equal_to_sync():
 def test_dict_obs_and_infos_never_come_as_blocks(make_one):
     factory = make_one()
     if not isinstance(factory, EnvFactory):
-        factory = EnvFactory({"name": f"marl_runner.envs.testing:{type(factory).__name__}"})
+        factory = EnvFactory({"name": f"tests.envs:{type(factory).__name__}"})
     sync = play_vector_env(SyncVectorEnv(factory, 2, seed=5), 14)
     with SubprocessVectorEnv(factory, 2, seed=5, num_workers=2) as vec:
         blocks = BlockPolls(vec)

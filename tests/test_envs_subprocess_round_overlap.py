@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from marl_runner.envs import SubprocessVectorEnv, SyncVectorEnv
-from marl_runner.envs.testing import CheapEnv, assert_same
+from tests.envs import CheapEnv, assert_same
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::UserWarning"),

@@ -19,7 +19,7 @@ from marl_runner.envs import (
 )
 from marl_runner.envs.registry import EnvFactory
 from marl_runner.envs.shared_obs import SharedObsReader, SharedObsWriter
-from marl_runner.envs.testing import (
+from tests.envs import (
     CheapEnv,
     CrashingEnv,
     CrashingEnvError,
@@ -60,7 +60,7 @@ def compare_with_sync(make_one, num_envs, num_workers, rounds, seed=3):
 def test_same_results_as_sync_cheap_env():
     factory = EnvFactory(
         {
-            "name": "marl_runner.envs.testing:CheapEnv",
+            "name": "marl_runner.bench.envs:CheapEnv",
             "config": {"num_agents": 3, "episode_len": 20},
         }
     )
@@ -70,7 +70,7 @@ def test_same_results_as_sync_cheap_env():
 def test_same_results_as_sync_with_big_obs_growing_the_shared_block():
     factory = EnvFactory(
         {
-            "name": "marl_runner.envs.testing:CheapEnv",
+            "name": "marl_runner.bench.envs:CheapEnv",
             "config": {"num_agents": 4, "obs_dim": 6000, "episode_len": 5},
         }
     )
@@ -176,7 +176,7 @@ def test_dead_worker_is_recreated_when_restarts_are_on():
 
 def test_malformed_output_raises_in_the_parent():
     factory = EnvFactory(
-        {"name": "marl_runner.envs.testing:MalformedEnv", "config": {"defect": "four_values"}}
+        {"name": "tests.envs:MalformedEnv", "config": {"defect": "four_values"}}
     )
     with SubprocessVectorEnv(factory, 3, num_workers=2) as vec:
         vec.poll()
@@ -193,20 +193,20 @@ def test_malformed_output_raises_in_the_parent():
 def test_creation_failure_and_unpicklable_creator_are_clear():
     with pytest.raises(EnvError, match=r"worker 0 could not create its sub-envs \[0\].*num_agents"):
         SubprocessVectorEnv(
-            EnvFactory({"name": "marl_runner.envs.testing:CheapEnv", "config": {"num_agents": 0}}),
+            EnvFactory({"name": "marl_runner.bench.envs:CheapEnv", "config": {"num_agents": 0}}),
             1,
         )
     with pytest.raises(EnvError, match="cannot be pickled for worker processes"):
         SubprocessVectorEnv(lambda index: CheapEnv(), 2)
     with pytest.raises(EnvError, match=r"num_workers 3: expected an int in \[1, num_envs=2\]"):
         SubprocessVectorEnv(
-            EnvFactory({"name": "marl_runner.envs.testing:CheapEnv"}), 2, num_workers=3
+            EnvFactory({"name": "marl_runner.bench.envs:CheapEnv"}), 2, num_workers=3
         )
 
 
 def test_stop_leaves_no_processes():
     vec = SubprocessVectorEnv(
-        EnvFactory({"name": "marl_runner.envs.testing:DyingAgentsEnv"}), 3, num_workers=3
+        EnvFactory({"name": "tests.envs:DyingAgentsEnv"}), 3, num_workers=3
     )
     play_vector_env(vec, 5)
     processes = [worker.process for worker in vec._workers]
@@ -238,7 +238,7 @@ def test_make_vector_env_subprocess_with_a_registered_env():
 # ---- resets shipped with an episode's last step
 
 CHEAP_SHORT = EnvFactory(
-    {"name": "marl_runner.envs.testing:CheapEnv", "config": {"num_agents": 2, "episode_len": 3}}
+    {"name": "marl_runner.bench.envs:CheapEnv", "config": {"num_agents": 2, "episode_len": 3}}
 )
 
 
@@ -487,7 +487,7 @@ def test_async_stop_with_steps_in_flight_leaves_no_processes_or_shared_memory():
 
 def test_make_vector_env_reads_async_poll():
     config = SimpleNamespace(
-        env={"name": "marl_runner.envs.testing:CheapEnv", "config": {"num_agents": 2}},
+        env={"name": "marl_runner.bench.envs:CheapEnv", "config": {"num_agents": 2}},
         num_envs=2,
         vectorize="subprocess",
         num_workers=2,
@@ -506,7 +506,7 @@ def test_make_vector_env_reads_async_poll():
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="Linux only")
 def test_workers_fill_the_cpus_pinned_one_each_else_unpinned():
     allowed = sorted(os.sched_getaffinity(0))
-    factory = EnvFactory({"name": "marl_runner.envs.testing:CheapEnv"})
+    factory = EnvFactory({"name": "marl_runner.bench.envs:CheapEnv"})
     cases = [(len(allowed), True), (len(allowed), False), (len(allowed) + 1, True)]
     if len(allowed) > 3:
         cases.append((len(allowed) - 2, True))  # spare CPUs: no pinning

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from marl_runner.envs import EnvError, SyncVectorEnv, make_vector_env
-from marl_runner.envs.testing import (
+from marl_runner.envs.vectorize import VECTORIZE_MODES
+from tests.envs import (
     CheapEnv,
     CrashingEnv,
     CrashingEnvError,
@@ -18,7 +19,6 @@ from marl_runner.envs.testing import (
     assert_same,
     play_vector_env,
 )
-from marl_runner.envs.vectorize import VECTORIZE_MODES
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::UserWarning"),
@@ -157,7 +157,7 @@ def test_spaces_render_stop():
 
 def test_make_vector_env_from_any_config_object():
     config = SimpleNamespace(
-        env={"name": "marl_runner.envs.testing:CheapEnv", "config": {"num_agents": 2}},
+        env={"name": "marl_runner.bench.envs:CheapEnv", "config": {"num_agents": 2}},
         num_envs=2,
         seed=0,
         vectorize="sync",

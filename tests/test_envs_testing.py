@@ -10,7 +10,7 @@ from pettingzoo.test.example_envs import (
 )
 
 from marl_runner.envs import AECPettingZooEnv
-from marl_runner.envs.testing import (
+from tests.envs import (
     BoxActionEnv,
     CheapEnv,
     CrashingEnv,

@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from marl_runner.envs.testing.cheap_env import CheapEnv
+from marl_runner.bench.envs.cheap_env import CheapEnv
 
 REPO = Path(__file__).resolve().parent.parent
 

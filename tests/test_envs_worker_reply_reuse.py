@@ -13,7 +13,7 @@ import pytest
 
 from marl_runner.envs import EnvError, SubprocessVectorEnv, SyncVectorEnv
 from marl_runner.envs.shared_buffers import SlotBlock
-from marl_runner.envs.testing import CheapEnv, assert_identical, assert_same, play_vector_env
+from tests.envs import CheapEnv, assert_identical, assert_same, play_vector_env
 from tests.helpers_slot_blocks import slot_block_pair
 
 pytestmark = [

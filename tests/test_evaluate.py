@@ -23,7 +23,7 @@ from marl_runner.checkpoint.evaluation import EvaluationError, evaluate_checkpoi
 from marl_runner.cli.common import CommandError
 from marl_runner.cli.evaluate import add_evaluate_parser, run_evaluate
 from marl_runner.envs import register_env
-from marl_runner.envs.testing import CheapEnv
+from tests.envs import CheapEnv
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -15,7 +15,7 @@ from marl_runner.checks import check_batch_invariants, rewards_per_trajectory, t
 from marl_runner.envs import EnvError, ExternalMultiAgentEnv
 from marl_runner.envs.external_episodes import ExternalEnvStopped
 
-THREADED = "marl_runner.envs.testing.external_envs:ThreadedExternalEnv"
+THREADED = "marl_runner.bench.envs.external_envs:ThreadedExternalEnv"
 PLAIN = "tests.test_external_env:TwoAgentExternalEnv"
 
 
@@ -358,7 +358,7 @@ def test_failing_run_is_reported_by_the_runner():
 
 
 def test_external_needs_an_external_env():
-    cfg = external_config({"name": "marl_runner.envs.testing:CheapEnv"})
+    cfg = external_config({"name": "marl_runner.bench.envs:CheapEnv"})
     with pytest.raises(EnvError, match="needs env.name to build an ExternalMultiAgentEnv"):
         EnvRunner(cfg)
     with pytest.raises(EnvError, match="not served yet"):

@@ -39,7 +39,7 @@ EPISODE_REWARDS = {0: 0.1 * EPISODE_LEN, 1: 0.2 * EPISODE_LEN}
 )
 def test_a_fault_costs_only_failed_episodes_and_the_rest_are_complete(tmp_path, vectorize, fault):
     cfg = config(
-        "marl_runner.envs.testing:CrashingEnv",
+        "tests.envs:CrashingEnv",
         env_config={
             "crash_step": 4,
             "fault": fault,

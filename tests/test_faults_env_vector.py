@@ -20,7 +20,7 @@ import pytest
 
 from marl_runner.envs import EnvError, SubprocessVectorEnv, SyncVectorEnv
 from marl_runner.envs.errors import SubEnvTimeoutError
-from marl_runner.envs.testing import CrashingEnv, CrashingEnvError, MalformedEnv
+from tests.envs import CrashingEnv, CrashingEnvError, MalformedEnv
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::UserWarning"),
@@ -355,7 +355,7 @@ def test_obs_outside_its_space_is_checked_only_when_asked(kind):
 WORKER_SCRIPT = """
 import os, sys, time
 from marl_runner.envs import SubprocessVectorEnv
-from marl_runner.envs.testing import CrashingEnv
+from tests.envs import CrashingEnv
 
 def slow(index):
     return CrashingEnv(crash_step=2, fault="hang", hang_s=0.5)

@@ -37,7 +37,7 @@ def test_ten_samples_in_a_row_each_work_or_raise_in_time(tmp_path, vectorize, fa
     if vectorize == "subprocess":
         env_config["fault_token"] = str(tmp_path / "fault-token")  # one worker dies
     cfg = config(
-        "marl_runner.envs.testing:CrashingEnv",
+        "tests.envs:CrashingEnv",
         env_config=env_config,
         vectorize=vectorize,
         num_envs=2,
@@ -69,7 +69,7 @@ def test_resets_that_raise_are_retried_each_call_never_a_loop(vectorize):
     # result) must leave the sub-envs not yet reset queued for the next step: each
     # call raises again, none spins forever.
     cfg = config(
-        "marl_runner.envs.testing:MalformedEnv",
+        "tests.envs:MalformedEnv",
         env_config={"defect": "reset_obs_only"},
         vectorize=vectorize,
         num_envs=2,

@@ -18,7 +18,7 @@ from marl_runner.metrics_log import (
 )
 from tests.runner_helpers import config
 
-CHEAP = "marl_runner.envs.testing:CheapEnv"
+CHEAP = "marl_runner.bench.envs:CheapEnv"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 

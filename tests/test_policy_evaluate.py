@@ -12,7 +12,7 @@ from marl_runner.policy.action_heads import FLOAT_MIN
 from marl_runner.policy.sequences import sequence_lengths
 from tests.runner_helpers import config
 
-TESTING = "marl_runner.envs.testing"
+TESTING = "tests.envs"
 MLP = {"type": "mlp", "hidden": [16]}
 LSTM = {"type": "lstm", "hidden": [8], "lstm_cell_size": 8}
 RUNNER_CASES = {

@@ -375,7 +375,7 @@ _GAE = {"gae": {"gamma": 0.9, "lambda": 0.8}}
 RUNNERS = {
     "cheap env": {
         "env": {
-            "name": "marl_runner.envs.testing:CheapEnv",
+            "name": "marl_runner.bench.envs:CheapEnv",
             "config": {"num_agents": 3, "episode_len": 7},
         },
         "policies": {"shared": {"model": {"type": "mlp", "hidden": [16]}, "config": _GAE}},
@@ -463,7 +463,7 @@ def test_torch_threads_limits_blas_threads_or_leaves_them(
 ) -> None:
     config = RunnerConfig.from_dict(
         {
-            "env": {"name": "marl_runner.envs.testing:CheapEnv", "config": {"num_agents": 2}},
+            "env": {"name": "marl_runner.bench.envs:CheapEnv", "config": {"num_agents": 2}},
             "policies": {"shared": {}},
             "torch_threads": torch_threads,
         }

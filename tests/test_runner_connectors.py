@@ -126,7 +126,7 @@ def test_obs_preprocessor_flattens_dict_obs_and_puts_masks_in_the_batch(env_name
 
 @pytest.mark.parametrize("env_class", ["DictObsEnv", "MaskInfoEnv"])
 def test_obs_preprocessor_takes_masks_from_dict_obs_or_infos(env_class):
-    env = {"name": f"marl_runner.envs.testing:{env_class}", "config": {"num_actions": 6}}
+    env = {"name": f"tests.envs:{env_class}", "config": {"num_actions": 6}}
     policies = {"p": {"model": {"type": "mlp", "hidden": [8]}}}  # the default agent chain
     with EnvRunner(config(env, policies, rollout_fragment_length=6)) as runner:
         batch = sample_fragments(runner, "p", 3)
@@ -283,7 +283,7 @@ def test_lstm_batch_over_fragments_keeps_state_continuity():
     [
         spread(max_cycles=12),
         {"name": CONNECT_FOUR},
-        {"name": "marl_runner.envs.testing:MultiDiscreteEnv", "config": {"episode_len": 7}},
+        {"name": "tests.envs:MultiDiscreteEnv", "config": {"episode_len": 7}},
         {"name": RECORDING_BOX, "config": {"low": -100.0, "high": 100.0, "episode_len": 7}},
     ],
     ids=["simple_spread", "connect_four", "multi_discrete", "box"],

@@ -21,7 +21,7 @@ from marl_runner import (
 from marl_runner.checks import trajectory_rows
 from tests.runner_helpers import config
 
-CRASHING = "marl_runner.envs.testing:CrashingEnv"
+CRASHING = "tests.envs:CrashingEnv"
 
 
 def assert_nothing_lost_or_repeated(batches: list[MultiAgentBatch]) -> None:
@@ -77,7 +77,7 @@ def _raise_on_call(number: int) -> Any:
 
 def _two_cheap_sub_envs(**overrides: Any) -> Any:
     return config(
-        "marl_runner.envs.testing:CheapEnv",
+        "marl_runner.bench.envs:CheapEnv",
         num_envs=2,
         rollout_fragment_length=3,
         env_config={"num_agents": 2, "episode_len": 7},
@@ -153,7 +153,7 @@ class _FailingOnce(Callbacks):
 
 def test_an_on_sample_end_error_loses_no_batch() -> None:
     cfg = config(
-        "marl_runner.envs.testing:CheapEnv",
+        "marl_runner.bench.envs:CheapEnv",
         num_envs=2,
         rollout_fragment_length=5,
         env_config={"num_agents": 2, "episode_len": 7},
@@ -201,7 +201,7 @@ def test_resets_that_keep_failing_end_with_an_error_naming_the_sub_env() -> None
 
 def test_an_episode_past_max_episode_steps_warns_once(caplog: pytest.LogCaptureFixture) -> None:
     cfg = config(
-        "marl_runner.envs.testing:CheapEnv",
+        "marl_runner.bench.envs:CheapEnv",
         num_envs=2,
         max_episode_steps=5,
         env_config={"num_agents": 2, "episode_len": 30},
@@ -213,7 +213,7 @@ def test_an_episode_past_max_episode_steps_warns_once(caplog: pytest.LogCaptureF
 
 
 def test_a_stopped_runner_says_so() -> None:
-    runner = EnvRunner(config("marl_runner.envs.testing:CheapEnv", num_envs=1))
+    runner = EnvRunner(config("marl_runner.bench.envs:CheapEnv", num_envs=1))
     runner.stop()
     with pytest.raises(RuntimeError, match="stopped"):
         runner.sample()

@@ -13,7 +13,7 @@ from marl_runner.envs import MultiAgentEnv
 from marl_runner.mapping import SpaceMismatchError
 from tests.runner_helpers import config
 
-CHEAP = "marl_runner.envs.testing:CheapEnv"
+CHEAP = "marl_runner.bench.envs:CheapEnv"
 CHEAP_CONFIG = {"num_agents": 4, "episode_len": 10}
 TWO = {"even": {"model": {"type": "mlp", "hidden": [8]}}, "odd": {"model": {"type": "mlp", "hidden": [8]}}}
 

@@ -7,7 +7,7 @@ import pytest
 
 from marl_runner import EnvRunner, check_batch_invariants
 from marl_runner.envs import register_env
-from marl_runner.envs.testing import PadSpacesWrapper
+from tests.envs import PadSpacesWrapper
 from tests.runner_helpers import EpisodeTracker, RewardLogging, assert_rewards_conserved, config
 
 KAZ = "pettingzoo.butterfly.knights_archers_zombies_v11:parallel_env"

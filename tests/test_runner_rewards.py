@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 
 from marl_runner import Callbacks, EnvRunner
+from marl_runner.bench.envs.scripted_env import Round, ScriptedEnv
 from marl_runner.checks import trajectory_rows
 from marl_runner.envs import MultiAgentEnv, ParallelPettingZooEnv, make_env, register_env
-from marl_runner.envs.testing import PadSpacesWrapper
-from marl_runner.envs.testing.scripted_env import Round, ScriptedEnv
+from tests.envs import PadSpacesWrapper
 from tests.runner_helpers import EpisodeTracker, config
 
-TESTING = "marl_runner.envs.testing:"
+TESTING = "tests.envs:"
 
 
 class RewardPlacementLog(MultiAgentEnv):

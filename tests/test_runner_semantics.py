@@ -11,11 +11,11 @@ import pytest
 from marl_runner import EnvRunner, NoObservationError, SubEnvError, check_batch_invariants
 from marl_runner.checks import trajectory_rows
 from marl_runner.envs import register_env
-from marl_runner.envs.testing import CrashingEnv
-from marl_runner.envs.testing.space_envs import DictObsEnv
+from tests.envs import CrashingEnv
+from tests.envs.space_envs import DictObsEnv
 from tests.runner_helpers import EpisodeTracker, assert_rewards_conserved, config
 
-TESTING = "marl_runner.envs.testing:"
+TESTING = "tests.envs:"
 
 
 def _trajectories(batch, tracker: EpisodeTracker) -> dict:

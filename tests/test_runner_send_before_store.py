@@ -16,8 +16,8 @@ from connectors import AgentConnector
 from connectors.data import AgentRows
 from marl_runner import EnvRunner, MultiAgentBatch
 from marl_runner.checks import trajectory_rows
-from marl_runner.envs.testing import CheapEnv
 from marl_runner.sampling.fragments import FragmentBuilder
+from tests.envs import CheapEnv
 from tests.runner_helpers import config
 from tests.test_runner_faults import assert_nothing_lost_or_repeated
 
@@ -446,7 +446,7 @@ def test_async_pools_without_faults_keep_every_sub_env_playing_whole_episodes(
 def test_an_async_pool_restarting_crashed_sub_envs_keeps_invariants() -> None:
     """Crashed sub-envs restarted (their reset after a restart) beside in-flight steps."""
     cfg = config(
-        "marl_runner.envs.testing:CrashingEnv", num_envs=4, vectorize="subprocess",
+        "tests.envs:CrashingEnv", num_envs=4, vectorize="subprocess",
         num_envs_per_poll=2, num_workers=2, restart_failed_sub_environments=True,
         rollout_fragment_length=4,
         max_consecutive_step_failures=1000, env_config={"crash_step": 5, "episode_len": 8},

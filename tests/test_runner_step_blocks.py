@@ -19,17 +19,17 @@ from marl_runner import EnvRunner, check_batch_invariants
 from marl_runner.envs import vector_backends
 from marl_runner.envs.base_env import BaseEnv, PollDicts
 from marl_runner.envs.step_block import BlockRow, StepBlock, materialize
-from marl_runner.envs.testing import Round, ScriptedEnv
 from marl_runner.envs.vector_backends import VectorBuild, register_vector_backend
 from marl_runner.envs.vectorize import build_sync
 from marl_runner.sampling.env_output import poll_method
 from marl_runner.sampling.stacked_rows import joined_rows
+from tests.envs import Round, ScriptedEnv
 from tests.runner_helpers import EpisodeTracker, assert_rewards_conserved, config, logged_env_name
 
-CHEAP = "marl_runner.envs.testing.cheap_env:CheapEnv"
+CHEAP = "marl_runner.bench.envs.cheap_env:CheapEnv"
 KAZ = "pettingzoo.butterfly.knights_archers_zombies_v11:parallel_env"
 SPREAD = "mpe2.simple_spread_v3:parallel_env"
-DYING = "marl_runner.envs.testing.lifecycle_envs:DyingAgentsEnv"
+DYING = "tests.envs.lifecycle_envs:DyingAgentsEnv"
 
 
 class BlockingVectorEnv(BaseEnv):

@@ -30,9 +30,9 @@ from marl_runner.envs import subprocess_replies, vector_backends
 from marl_runner.envs.base_env import BaseEnv, PollDicts
 from marl_runner.envs.multi_agent_env import AgentID, MultiAgentDict, StepResult
 from marl_runner.envs.step_block import StepBlock
-from marl_runner.envs.testing import CrashingEnvError, Round, ScriptedEnv
 from marl_runner.envs.vector_backends import VectorBuild, register_vector_backend
 from marl_runner.envs.vectorize import build_sync
+from tests.envs import CrashingEnvError, Round, ScriptedEnv
 from tests.runner_helpers import EpisodeTracker, assert_rewards_conserved, config, logged_env_name
 
 pytestmark = [
@@ -379,7 +379,7 @@ def test_random_faults_and_dead_workers_keep_invariants_and_episode_rewards(
     """Workers that die (os._exit), steps and resets that raise, restarted: every complete
     episode still carries exactly what RandomFaultEnv gives (a0 0.1, a1 0.2 per round)."""
     cfg = config(
-        "marl_runner.envs.testing.random_fault_env:RandomFaultEnv", vectorize="subprocess",
+        "marl_runner.bench.envs.random_fault_env:RandomFaultEnv", vectorize="subprocess",
         num_workers=2, num_envs=6, rollout_fragment_length=10, seed=15,
         env_config={"fault_rate": 0.02, "kinds": ["raise", "reset", "exit"], "episode_len": 6},
         restart_failed_sub_environments=True, max_consecutive_step_failures=50,
@@ -574,7 +574,7 @@ def test_block_rows_polled_in_another_order_than_their_block(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     built = _in_process_blocks(monkeypatch, "reversed_blocks_test", _reversed_blocks)
-    cfg_args = dict(env_name="marl_runner.envs.testing.cheap_env:CheapEnv", num_envs=3, seed=22,
+    cfg_args = dict(env_name="marl_runner.bench.envs.cheap_env:CheapEnv", num_envs=3, seed=22,
                     rollout_fragment_length=10, env_config={"num_agents": 2, "episode_len": 6})
     sync, _ = _run(cfg_args, "sync", 30, 1)
     reversed_blocks, _ = _run(cfg_args, "reversed_blocks_test", 30, 1)

@@ -83,7 +83,7 @@ def test_async_poll_runner_cheap_env_with_uneven_workers() -> None:
     """Three sub-envs on two workers: the lone sub-env's worker answers sooner,
     so polls hold different sub-env sets; steps and fragments stay exact."""
     cfg = config(
-        "marl_runner.envs.testing:CheapEnv",
+        "marl_runner.bench.envs:CheapEnv",
         vectorize="subprocess",
         num_workers=2,
         async_poll=True,
@@ -104,7 +104,7 @@ def test_async_poll_runner_cheap_env_with_uneven_workers() -> None:
 def test_async_poll_runner_survives_crashing_sub_envs() -> None:
     """Restarts off: a crash is raised, naming its sub-env, and sampling goes on after it."""
     cfg = config(
-        "marl_runner.envs.testing:CrashingEnv",
+        "tests.envs:CrashingEnv",
         vectorize="subprocess",
         num_workers=2,
         async_poll=True,

@@ -8,7 +8,7 @@ from marl_runner import EnvRunner
 def test_bulk_step_counts_match_env_steps_and_episode_lengths() -> None:
     config = {
         "env": {
-            "name": "marl_runner.envs.testing:CheapEnv",
+            "name": "marl_runner.bench.envs:CheapEnv",
             "config": {"num_agents": 3, "episode_len": 7},
             "api": "multi_agent",
         },

@@ -19,15 +19,15 @@ import numpy as np
 import pytest
 
 from marl_runner import EnvRunner, MultiAgentBatch, RunnerConfig
+from marl_runner.bench.envs.external_envs import ThreadedExternalEnv, play_scripted_episode
 from marl_runner.checks import check_batch_invariants, rewards_per_trajectory
 from marl_runner.client import PolicyClient, PolicyServerError
-from marl_runner.envs.testing.external_envs import ThreadedExternalEnv, play_scripted_episode
 from marl_runner.io import write_batch
 from marl_runner.serving import codec
 from marl_runner.serving.server import PolicyServer, ServerSetupError
 
 ENV = {
-    "name": "marl_runner.envs.testing.external_envs:ThreadedExternalEnv",
+    "name": "marl_runner.bench.envs.external_envs:ThreadedExternalEnv",
     "config": {"num_threads": 0, "num_agents": 3, "late_join": True, "leave": True},
 }
 SCRIPT = ThreadedExternalEnv(num_threads=0, num_agents=3, late_join=True, leave=True)

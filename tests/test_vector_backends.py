@@ -31,8 +31,8 @@ from marl_runner.envs.vector_backends import (
 )
 from marl_runner.envs.vectorize import STEP_TIMEOUT
 
-CHEAP = {"name": "marl_runner.envs.testing:CheapEnv", "config": {"num_agents": 2}}
-THREADED = "marl_runner.envs.testing.external_envs:ThreadedExternalEnv"
+CHEAP = {"name": "marl_runner.bench.envs:CheapEnv", "config": {"num_agents": 2}}
+THREADED = "marl_runner.bench.envs.external_envs:ThreadedExternalEnv"
 SPREAD = "mpe2.simple_spread_v3:parallel_env"
 BUILT: list[VectorBuild] = []
 TOY_REPEATS = VectorKey(

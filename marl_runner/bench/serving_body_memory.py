@@ -20,7 +20,7 @@ import numpy as np
 
 CONFIG = {
     "env": {
-        "name": "marl_runner.envs.testing.external_envs:ThreadedExternalEnv",
+        "name": "marl_runner.bench.envs.external_envs:ThreadedExternalEnv",
         "config": {"num_threads": 0, "num_agents": 2},
     },
     "vectorize": "external",

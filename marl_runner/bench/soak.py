@@ -36,7 +36,7 @@ def soak_config(
     return RunnerConfig.from_dict(
         {
             "env": {
-                "name": "marl_runner.envs.testing.random_fault_env:RandomFaultEnv",
+                "name": "marl_runner.bench.envs.random_fault_env:RandomFaultEnv",
                 "config": {"fault_rate": fault_rate, "episode_len": EPISODE_LEN, "hang_s": 30.0},
             },
             "num_envs": num_envs,

@@ -26,8 +26,8 @@ from collections.abc import Callable
 from time import perf_counter
 from typing import Any
 
+from marl_runner.bench.envs import CheapEnv
 from marl_runner.envs import SubprocessVectorEnv
-from marl_runner.envs.testing import CheapEnv
 
 SPEEDUP_WORKLOADS = ("kaz", "spread", "cheap")
 Progress = Callable[[str], None]

@@ -75,7 +75,7 @@ WORKLOADS: dict[str, Workload] = {
             description="CheapEnv: 8 agents, 16-dim obs, Discrete(5), 100-step episodes, "
             "2 policies by agent parity",
             env={
-                "name": "marl_runner.envs.testing.cheap_env:CheapEnv",
+                "name": "marl_runner.bench.envs.cheap_env:CheapEnv",
                 "config": {"num_agents": 8, "episode_len": 100, "obs_dim": 16, "num_actions": 5},
                 "api": "multi_agent",
             },
@@ -157,7 +157,7 @@ WORKLOADS: dict[str, Workload] = {
             description="CheapEnv with 512 agents, 16-dim obs, 100-step episodes, "
             "2 policies by agent parity",
             env={
-                "name": "marl_runner.envs.testing.cheap_env:CheapEnv",
+                "name": "marl_runner.bench.envs.cheap_env:CheapEnv",
                 "config": {"num_agents": 512, "episode_len": 100, "obs_dim": 16, "num_actions": 5},
                 "api": "multi_agent",
             },

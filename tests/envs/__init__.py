@@ -1,16 +1,20 @@
-"""Small deterministic MultiAgentEnvs for tests and benchmarks.
+"""Small deterministic MultiAgentEnvs for tests (the package `tests.envs`).
 
 Each one isolates one thing a runner must get right (dying and spawning
 agents, turn-taking rewards, time limits, crashes, masked / dict / box /
 multi-discrete spaces) and records in `reward_log` exactly what rewards it
 handed out, so reward conservation can be checked end to end.
 `play_episode` / `play_vector_env` drive any env with random legal actions.
+The envs a bench command runs ship in `marl_runner.bench.envs` and are
+re-exported here, so a test names every env through one package. Worker
+processes import this package too: tests/conftest.py puts the checkout on
+their PYTHONPATH.
 """
 
-from marl_runner.envs.testing.cheap_env import CheapEnv
-from marl_runner.envs.testing.compare import assert_identical, assert_same
-from marl_runner.envs.testing.crashing_env import CrashingEnv, CrashingEnvError
-from marl_runner.envs.testing.lifecycle_envs import (
+from marl_runner.bench.envs import CheapEnv, CrashingEnvError, RandomFaultEnv, Round, ScriptedEnv
+from tests.envs.compare import assert_identical, assert_same
+from tests.envs.crashing_env import CrashingEnv
+from tests.envs.lifecycle_envs import (
     DyingAgentsEnv,
     NoObsEnv,
     RewardedBeforeAndAfterEnv,
@@ -18,17 +22,16 @@ from marl_runner.envs.testing.lifecycle_envs import (
     TimeLimitEnv,
     TurnBasedEnv,
 )
-from marl_runner.envs.testing.malformed_env import MalformedEnv
-from marl_runner.envs.testing.pad_spaces import PadSpacesWrapper
-from marl_runner.envs.testing.random_play import (
+from tests.envs.malformed_env import MalformedEnv
+from tests.envs.pad_spaces import PadSpacesWrapper
+from tests.envs.random_play import (
     EpisodeRecord,
     action_mask,
     play_episode,
     play_vector_env,
     random_action,
 )
-from marl_runner.envs.testing.scripted_env import Round, ScriptedEnv
-from marl_runner.envs.testing.space_envs import (
+from tests.envs.space_envs import (
     BoxActionEnv,
     DictObsEnv,
     MaskInfoEnv,
@@ -49,6 +52,7 @@ __all__ = [
     "MultiDiscreteEnv",
     "NoObsEnv",
     "PadSpacesWrapper",
+    "RandomFaultEnv",
     "Round",
     "ScriptedEnv",
     "SpawningAgentsEnv",

@@ -6,12 +6,11 @@ import os
 import time
 from typing import Any, Literal
 
+from marl_runner.bench.envs.random_fault_env import CrashingEnvError
+from marl_runner.bench.envs.scripted_env import ScriptedEnv, every_round_script
 from marl_runner.envs.multi_agent_env import MultiAgentDict, StepResult
-from marl_runner.envs.testing.scripted_env import ScriptedEnv, every_round_script
 
-
-class CrashingEnvError(RuntimeError):
-    """The exception CrashingEnv raises (picklable, so it crosses processes)."""
+__all__ = ["CrashingEnv", "CrashingEnvError"]
 
 
 class CrashingEnv(ScriptedEnv):

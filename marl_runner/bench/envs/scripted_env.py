@@ -13,8 +13,8 @@ from typing import Any, Literal
 import gymnasium as gym
 import numpy as np
 
+from marl_runner.bench.envs.reward_log import RewardLog
 from marl_runner.envs.multi_agent_env import AgentID, MultiAgentDict, MultiAgentEnv, StepResult
-from marl_runner.envs.testing.reward_log import RewardLog
 
 OBS_SPACE = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
 ACTION_SPACE = gym.spaces.Discrete(3)

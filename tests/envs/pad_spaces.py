@@ -7,8 +7,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from marl_runner.bench.envs.reward_log import RewardLog
 from marl_runner.envs.multi_agent_env import AgentID, MultiAgentDict, MultiAgentEnv, StepResult
-from marl_runner.envs.testing.reward_log import RewardLog
 
 
 class PadSpacesWrapper(RewardLog, MultiAgentEnv):

@@ -11,8 +11,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from marl_runner.bench.envs.scripted_env import OBS_SPACE, ScriptedEnv, every_round_script
 from marl_runner.envs.multi_agent_env import AgentID
-from marl_runner.envs.testing.scripted_env import OBS_SPACE, ScriptedEnv, every_round_script
 
 AGENTS = ("a0", "a1")
 

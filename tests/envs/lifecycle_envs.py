@@ -6,7 +6,7 @@ chosen so that losing or doubling any one of them changes the totals.
 
 from __future__ import annotations
 
-from marl_runner.envs.testing.scripted_env import Round, ScriptedEnv
+from marl_runner.bench.envs.scripted_env import Round, ScriptedEnv
 
 
 class DyingAgentsEnv(ScriptedEnv):

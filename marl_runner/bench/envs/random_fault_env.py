@@ -9,11 +9,15 @@ from typing import Any
 
 import numpy as np
 
+from marl_runner.bench.envs.scripted_env import ScriptedEnv, every_round_script
 from marl_runner.envs.multi_agent_env import MultiAgentDict, StepResult
-from marl_runner.envs.testing.crashing_env import CrashingEnvError
-from marl_runner.envs.testing.scripted_env import ScriptedEnv, every_round_script
 
 FAULT_KINDS = ("raise", "reset", "exit", "hang")
+
+
+class CrashingEnvError(RuntimeError):
+    """The exception the fault envs raise on cue (picklable, so it crosses processes);
+    the tests' CrashingEnv raises it too."""
 
 
 class RandomFaultEnv(ScriptedEnv):

@@ -1,4 +1,4 @@
-"""Exact per-episode reward bookkeeping shared by the testing envs."""
+"""Exact per-episode reward bookkeeping shared by the scripted envs (here and in tests/envs)."""
 
 from __future__ import annotations
 
