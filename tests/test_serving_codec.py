@@ -43,6 +43,17 @@ def test_round_trip_keeps_arrays_dtypes_and_int_keys():
     assert decode(encode(value, JSON), JSON)["obs"]["7"] == [True, False]
 
 
+def test_the_empty_object_is_the_frame_any_value_gets():
+    # Its frame is made once; it must be exactly the frame of the general path, and only
+    # that exact frame may skip the checks.
+    assert encode({}) == raw_frame(b'{"tree":{},"arrays":[]}')
+    assert decode(encode({})) == {} and decode(bytearray(encode({}))) == {}
+    assert decode(frame({"tree": {}, "arrays": []})) == {}  # other spacing: the full path
+    assert decode(encode({}, JSON), JSON) == {}
+    with pytest.raises(CodecError):
+        decode(encode({})[:-1])
+
+
 def test_objects_are_never_encoded():
     with pytest.raises(CodecError, match="body.x: array dtype object is not numeric"):
         encode({"x": np.array([object()])})

@@ -45,6 +45,8 @@ class CodecError(ValueError):
 
 def encode(value: Any, content_type: str = BINARY) -> bytes:
     """`value` (dicts, lists, tuples, numbers, strings, None, numpy arrays) as a body."""
+    if content_type == BINARY and type(value) is dict and not value:
+        return _EMPTY_OBJECT
     if content_type == JSON:
         return json.dumps(_to_json(value), allow_nan=True).encode("utf-8")
     if content_type != BINARY:
@@ -69,6 +71,8 @@ def decode(body: bytes | bytearray | str, content_type: str = BINARY) -> Any:
         raise CodecError(f"a {BINARY} body must be bytes, got text")
     if content_type != BINARY:
         raise CodecError(f"content type {content_type!r}: expected one of {list(CONTENT_TYPES)}")
+    if body == _EMPTY_OBJECT:  # the answer of every call that returns nothing
+        return {}
     if len(body) < PREFIX_BYTES or not body.startswith(_MAGIC):
         raise CodecError(
             f"body does not start with the {_MAGIC!r} marker of {BINARY}; "
@@ -78,6 +82,10 @@ def decode(body: bytes | bytearray | str, content_type: str = BINARY) -> Any:
         raise CodecError(f"body format version {frame_version(body)}: expected {_VERSION}")
     header, arrays = decode_frame(body, "body", CodecError, check_header=_check_header)
     return unpack(header["tree"], arrays, "body field", CodecError, "tree")
+
+
+# `{}` as a body, made once: most answers are this (log_returns, log_action, end_episode).
+_EMPTY_OBJECT = encode_frame(_MAGIC, _VERSION, {"tree": {}}, [], CodecError)
 
 
 def json_text(body: bytes | bytearray) -> str:
