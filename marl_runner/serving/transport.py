@@ -172,8 +172,10 @@ class HttpTransport:
                     raise self._unavailable(method, name, exc, sent, attempt) from exc
                 time.sleep(delay)
             else:
+                if response.status != 503:
+                    return _answer(response)
                 retry_after = _seconds(response.headers.get("Retry-After"))
-                if response.status != 503 or retry_after is None or last:
+                if retry_after is None or last:
                     return _answer(response)
                 time.sleep(min(max(retry_after, delay), MAX_RETRY_AFTER_S))
             delay *= 2
