@@ -1,6 +1,6 @@
 """Peak RSS of a policy server decoding big JSON bodies (issue 17, finding 8).
 
-    python benchmarks/serving_body_memory.py [--mb 59] [--concurrent 6]
+    python -m marl_runner.bench.serving_body_memory [--mb 59] [--concurrent 6]
 
 Runs the server in a child process (so the client's copy of the body does not
 count), sends `--concurrent` experiences uploads of about `--mb` MB of JSON at
