@@ -133,9 +133,10 @@ class HttpTransport:
         self.content_type = content_type
         self.retries = retries
         self.backoff_s = backoff_s
-        self._headers = {"Content-Type": content_type, "Accept": content_type}
-        if token:
-            self._headers["Authorization"] = f"Bearer {token}"
+        # A POST's answer comes in its body's codec; a GET asks for one with Accept.
+        auth = {"Authorization": f"Bearer {token}"} if token else {}
+        self._headers = {"POST": {"Content-Type": content_type, **auth},
+                         "GET": {"Accept": content_type, **auth}}
         self._pool_args = (parts.hostname, parts.port, urllib3.Timeout(timeout_s, timeout_s))
         self._pool = self._new_pool()
 
@@ -163,7 +164,7 @@ class HttpTransport:
             last = attempt == self.retries + 1
             try:
                 response = self._pool.urlopen(
-                    method, API_PREFIX + name, body=body, headers=self._headers,
+                    method, API_PREFIX + name, body=body, headers=self._headers[method],
                     redirect=False, preload_content=True,
                 )
             except HTTPError as exc:
