@@ -340,16 +340,16 @@ class HttpEndpoint:
 
     async def _send(self, request: web.BaseRequest, payload: bytes,
                     content_type: str) -> web.StreamResponse:
-        """The answer written here (head and body in one send), under its deadline: a client
-        that stops reading its answers cannot hold the connection."""
+        """The answer written here (head and body in one send). One that may have to wait
+        for the client to read (the connection's buffer would pass its high-water mark) is
+        written under its deadline: a client that stops reading cannot hold the connection."""
         response = web.Response(body=payload, status=200, content_type=content_type)
         transport = request.transport
         if transport is not None and (
             transport.get_write_buffer_size() + len(payload) + ANSWER_HEAD_BYTES
             <= transport.get_write_buffer_limits()[1]
         ):
-            # It fits the transport's buffer, which is below its high-water mark: the write
-            # cannot wait for the client, so no deadline is needed.
+            # It fits the buffer below its high-water mark: writing it cannot wait.
             await response.prepare(request)
             await response.write_eof()
             return response

@@ -301,9 +301,11 @@ class Handoff:
 
     def settle(self, future: asyncio.Future, result: Any, error: BaseException | None) -> None:
         """From any thread: `future` gets `result`, or raises `error` when it is not None."""
+        # Queued before the flag is read: a flag still set stands for a `_settle_all` that
+        # has yet to clear it and only then empties the queue, this answer included.
         self._queue.append((future, result, error))
-        if not self._scheduled:  # queued first: an emptying in progress either takes it or
-            self._scheduled = True  # has cleared the flag, so this schedules another
+        if not self._scheduled:
+            self._scheduled = True
             self.loop.call_soon_threadsafe(self._settle_all)
 
     def _settle_all(self) -> None:
