@@ -22,10 +22,12 @@ The block is the one that starts on the next line.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import select
+import signal
 import subprocess
 import sys
 import textwrap
@@ -117,6 +119,8 @@ class Runner:
         self.log.touch()
         self.log_start = 0
         self.worker: subprocess.Popen | None = None
+        # Process groups of the shell blocks run (one per block), stopped by close().
+        self.sessions: list[int] = []
 
     def run(self, block: Block) -> str | None:
         """Runs the block (after the not yet run blocks above it); its error, or None."""
@@ -149,16 +153,22 @@ class Runner:
     def _run_shell(self, block: Block, workdir: Path) -> str | None:
         code = shrink_steps(block.code)
         try:
-            result = subprocess.run(
+            # A session of its own: what the block starts in the background (a server for
+            # the next block) keeps its process group, which close() stops.
+            shell = subprocess.Popen(
                 ["bash", "-e", "-o", "pipefail", "-c", code],
                 cwd=workdir,
                 env=self.env,
-                capture_output=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
                 text=True,
-                timeout=BLOCK_TIMEOUT_S,
+                start_new_session=True,
             )
+            self.sessions.append(shell.pid)
+            stdout, stderr = shell.communicate(timeout=BLOCK_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             return f"did not finish in {BLOCK_TIMEOUT_S} s:\n{code}"
+        result = subprocess.CompletedProcess(shell.args, shell.returncode, stdout, stderr)
         if result.returncode != 0:
             return f"exit {result.returncode}:\n{code}\n{(result.stdout + result.stderr)[-4000:]}"
         return None
@@ -207,6 +217,10 @@ class Runner:
             return log.read().decode(errors="replace")[-4000:]
 
     def close(self) -> None:
+        for group in self.sessions:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(group, signal.SIGTERM)
+        self.sessions.clear()
         if self.worker is not None:
             self.worker.stdin.close()
             try:

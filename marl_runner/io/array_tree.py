@@ -153,13 +153,16 @@ def decode_frame(
 def parse_json(raw: bytes | memoryview, what: str, error: type[Exception]) -> Any:
     """JSON text at most ``MAX_DEPTH`` levels deep; ``what`` names it in errors."""
     too_deep = f"{what} is nested too deeply (expected at most {MAX_DEPTH} levels)"
+    raw = bytes(raw)
     try:
-        value = json.loads(bytes(raw).decode("utf-8"))
+        value = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as err:
         raise error(f"{what} is not valid JSON: {err}") from None
     except RecursionError:
         raise error(too_deep) from None
-    if depth_exceeds(value, MAX_DEPTH):  # later steps recurse over the value
+    # Later steps recurse over the value. Text with at most MAX_DEPTH brackets cannot nest
+    # deeper (brackets inside strings only raise the count), so most bodies skip the walk.
+    if raw.count(b"[") + raw.count(b"{") > MAX_DEPTH and depth_exceeds(value, MAX_DEPTH):
         raise error(too_deep)
     return value
 
