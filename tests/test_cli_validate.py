@@ -16,7 +16,9 @@ import yaml
 
 from marl_runner import EnvRunner, RandomPolicy, RunnerConfig
 from marl_runner.bench.envs.scripted_env import OBS_SPACE, ScriptedEnv, every_round_script
+from marl_runner.bench.workloads import get_workload
 from marl_runner.cli import main
+from marl_runner.cli.validate import BATCH_COLUMNS
 from marl_runner.config import ConfigError
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "configs"
@@ -108,6 +110,14 @@ def test_shows_the_batch_columns_and_those_left_out(
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("batch columns"))
     kept, _, left_out = line.partition("; left out (exclude_columns): ")
     assert left_out == "new_obs, infos" and "new_obs" not in kept and "infos" not in kept
+
+
+def test_the_batch_columns_it_lists_are_those_a_runner_hands_out() -> None:
+    """validate lists the columns without sampling: the list must match a real batch's."""
+    with EnvRunner(get_workload("cheap").config(rollout_fragment_length=8)) as runner:
+        columns = set(next(iter(runner.sample().policy_batches.values())).keys())
+    assert set(BATCH_COLUMNS) <= columns
+    assert columns - set(BATCH_COLUMNS) == {"action_logp", "action_dist_inputs", "vf_preds"}
 
 
 def test_notes_unused_policies(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
