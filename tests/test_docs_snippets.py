@@ -168,9 +168,8 @@ class Runner:
             stdout, stderr = shell.communicate(timeout=BLOCK_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             return f"did not finish in {BLOCK_TIMEOUT_S} s:\n{code}"
-        result = subprocess.CompletedProcess(shell.args, shell.returncode, stdout, stderr)
-        if result.returncode != 0:
-            return f"exit {result.returncode}:\n{code}\n{(result.stdout + result.stderr)[-4000:]}"
+        if shell.returncode != 0:
+            return f"exit {shell.returncode}:\n{code}\n{(stdout + stderr)[-4000:]}"
         return None
 
     def _run_python(self, block: Block, workdir: Path) -> str | None:

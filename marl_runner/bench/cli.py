@@ -149,8 +149,9 @@ def _add_standalone_modes(parser: argparse.ArgumentParser) -> None:
     )
     modes.add_argument(
         "--external", action="store_true",
-        help="serving 16 concurrent client threads (vectorize: external), in-process and over "
-        "HTTP on loopback: actions/s, get_action median/p99 latency, wire codec cost",
+        help="marl-runner serve in its own process, 16 and 64 client threads in other "
+        "processes over loopback: get_action calls/s, p50/p99 latency, errors, CPU per call, "
+        "episodes finished vs written, wire codec cost",
     )
     modes.add_argument(
         "--soak", type=float, default=None, metavar="MINUTES",

@@ -123,15 +123,11 @@ class ColumnBuffer:
 
         A second hand-off before that append (``complete_episodes`` builds one batch per
         episode, several in a row) hands off the kept rows' own arrays the same way."""
-        if self._pending is not None:
-            self._pending = {
-                name: np.take(column, rows, axis=0) for name, column in self._pending.items()
-            }
-        else:
-            size = self.size
-            self._pending = {
-                name: np.take(array[:size], rows, axis=0) for name, array in self._arrays.items()
-            }
+        first = self._pending is None
+        size = self.size
+        kept = {name: array[:size] for name, array in self._arrays.items()} if first else self._pending
+        self._pending = {name: np.take(column, rows, axis=0) for name, column in kept.items()}
+        if first:
             for array in self._arrays.values():
                 self._pool.give(array)
             self._arrays = {}

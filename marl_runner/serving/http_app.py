@@ -319,15 +319,12 @@ class HttpEndpoint:
         ever held.
         """
         content = request.content
-        if content.is_eof():  # the whole body arrived with its head: nothing to wait for
-            try:
-                return await content.readexactly(length)
-            except asyncio.IncompleteReadError:
-                raise HTTPStatusError(HTTPStatus.BAD_REQUEST, BODY_TOO_SHORT) from None
-        if request.headers.get("Expect", "").lower() == "100-continue":
+        # A body that arrived whole with its head has nothing to wait for: no timer.
+        waits = not content.is_eof()
+        if waits and request.headers.get("Expect", "").lower() == "100-continue":
             await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         try:
-            async with asyncio.timeout(self.settings.body_deadline_s(length)):
+            async with asyncio.timeout(self.settings.body_deadline_s(length) if waits else None):
                 raw = await content.readexactly(length)
         except TimeoutError:
             self._missed_deadline(request)
@@ -345,16 +342,13 @@ class HttpEndpoint:
         written under its deadline: a client that stops reading cannot hold the connection."""
         response = web.Response(body=payload, status=200, content_type=content_type)
         transport = request.transport
-        if transport is not None and (
+        # One that fits the buffer below its high-water mark cannot wait: no timer.
+        fits = transport is not None and (
             transport.get_write_buffer_size() + len(payload) + ANSWER_HEAD_BYTES
             <= transport.get_write_buffer_limits()[1]
-        ):
-            # It fits the buffer below its high-water mark: writing it cannot wait.
-            await response.prepare(request)
-            await response.write_eof()
-            return response
+        )
         try:
-            async with asyncio.timeout(self.settings.body_deadline_s(len(payload))):
+            async with asyncio.timeout(None if fits else self.settings.body_deadline_s(len(payload))):
                 await response.prepare(request)
                 await response.write_eof()  # waits while the client leaves answers unread
         except TimeoutError:
