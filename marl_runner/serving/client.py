@@ -9,8 +9,25 @@ client.log_returns(eid, {"a0": 1.0})
 client.end_episode(eid, {"a0": last_obs})
 ```
 
-`inference_mode="remote"`: every call is one HTTP request; the server's
+`inference_mode="remote"`: one HTTP request per env step; the server's
 runner batches concurrent `get_action` requests into one forward pass.
+`log_returns` on an episode this client has open (it started it, or a
+`get_action`/`log_action` on it succeeded, and it has not ended it) sends
+nothing: its values are checked at the call by the server's own checks, on
+the server's spaces (`GET /v1/info`, fetched once), then queued; the
+episode's next `get_action`, `log_action` or `end_episode` carries them
+(`"returns": [[rewards, infos], ...]`, applied in order before the call).
+So a bad reward or info raises `ValueError` at `log_returns` and nothing
+queued is lost. A `log_returns` on any other episode id is sent at once, as
+its own request, so an unknown or finished one raises at the call.
+
+Carried rewards are applied at most once. The transport sends a request
+again only when the server did nothing with it (see `transport`); a call the
+server answered with an error applied nothing, so its rewards go back to the
+front of the queue for the episode's next call; a call that failed after its
+request was sent (`PolicyServerUnavailable`) may have been applied, so its
+rewards are dropped, never sent twice. `close()` sends what is still queued.
+
 `inference_mode="local"`: the policies and connectors run here (an EnvRunner
 over an in-client external env), weights and connector state are pulled every
 `update_interval_s`, and only experience batches go to the server; every
@@ -25,7 +42,9 @@ Connection failures and retries: `marl_runner.serving.transport`.
 
 from __future__ import annotations
 
+import copy
 import os
+import threading
 from typing import Any
 
 from marl_runner.serving.transport import (
@@ -78,6 +97,7 @@ class PolicyClient:
             backoff_s=backoff_s,
         )
         self._local = None
+        self._returns = _QueuedReturns()
         if inference_mode == "local":
             from marl_runner.serving.local_inference import LocalInference
 
@@ -93,13 +113,39 @@ class PolicyClient:
         body: dict[str, Any] = {"training_enabled": training_enabled}
         if episode_id is not None:
             body["episode_id"] = episode_id
-        return self._transport.post("start_episode", body)["episode_id"]
+        episode_id = self._transport.post("start_episode", body)["episode_id"]
+        self._returns.open(episode_id)
+        return episode_id
+
+    def _step(self, name: str, body: dict, *, ends: bool = False) -> Any:
+        """`name`'s request, carrying the returns queued for its episode. `ends`: the episode
+        is closed here for the queue (a `log_returns` meanwhile goes to the server) and
+        reopened if the call fails."""
+        episode_id = body["episode_id"]
+        returns = self._returns.take(episode_id, close=ends)
+        if returns:  # None: the episode is not open here
+            body["returns"] = returns
+        try:
+            answer = self._transport.post(name, body)
+        except BaseException as exc:
+            # Put back only when the server did nothing: it refused the request (an answer
+            # other than 200), or the request was never sent. Otherwise it may have applied
+            # them (and ended the episode): never twice.
+            acted = not isinstance(exc, Exception) or (
+                isinstance(exc, PolicyServerUnavailable) and exc.sent
+            )
+            if returns is not None and not acted:
+                self._returns.put_back(episode_id, returns, reopen=ends)
+            raise
+        if not ends:
+            self._returns.open(episode_id)
+        return answer
 
     def get_action(self, episode_id: str, obs: dict) -> dict:
         """Actions of the agents in `obs`; rewards logged since the last step go to the last ones."""
         if self._local is not None:
             return self._local.env.get_action(episode_id, self._local.values.obs(obs))
-        return self._transport.post("get_action", {"episode_id": episode_id, "obs": obs})["actions"]
+        return self._step("get_action", {"episode_id": episode_id, "obs": obs})["actions"]
 
     def log_action(self, episode_id: str, obs: dict, actions: dict) -> None:
         """Records actions the simulator chose itself (off-policy); one env step, no answer."""
@@ -107,14 +153,25 @@ class PolicyClient:
             values = self._local.values
             self._local.env.log_action(episode_id, values.obs(obs), values.actions(actions))
             return
-        self._transport.post("log_action", {"episode_id": episode_id, "obs": obs, "actions": actions})
+        self._step("log_action", {"episode_id": episode_id, "obs": obs, "actions": actions})
 
     def log_returns(self, episode_id: str, rewards: dict, infos: dict | None = None) -> None:
-        """Adds rewards (and infos) for the agents' last actions, summed until the next step."""
+        """Adds rewards (and infos) for the agents' last actions, summed until the next step.
+
+        "remote" mode, an episode this client has open: checked here and sent
+        with the episode's next call (see the module docstring).
+        """
         if self._local is not None:
             values = self._local.values
             self._local.env.log_returns(episode_id, values.rewards(rewards), values.infos(infos))
             return
+        if self._returns.is_open(episode_id):
+            values = self._returns.values(self._transport)
+            checked = values.rewards(rewards)
+            checked_infos = values.infos(infos)
+            if self._returns.add(episode_id, checked, copy.deepcopy(checked_infos)):
+                return
+            rewards, infos = checked, checked_infos  # ended meanwhile by another thread
         self._transport.post("log_returns", {"episode_id": episode_id, "rewards": rewards, "infos": infos})
 
     def end_episode(self, episode_id: str, obs: dict, truncated: bool = False) -> None:
@@ -127,7 +184,8 @@ class PolicyClient:
             obs = self._local.values.obs(obs, allow_empty=True)
             self._local.env.end_episode(episode_id, obs, truncated)
             return
-        self._transport.post("end_episode", {"episode_id": episode_id, "obs": obs, "truncated": truncated})
+        self._step("end_episode", {"episode_id": episode_id, "obs": obs, "truncated": truncated},
+                   ends=True)
 
     def health(self) -> dict:
         """The server's `GET /v1/health` (`{"ok": true, "running_episodes": N, "process": PID}`);
@@ -145,17 +203,144 @@ class PolicyClient:
         return None if self._local is None else self._local.runner
 
     def close(self) -> None:
-        """Closes connections; "local" mode first uploads every episode ended so far.
+        """Closes connections; "local" mode first uploads every episode ended so far, "remote"
+        mode first sends the rewards still queued (one `log_returns` request each).
 
         Episodes still running in "local" mode are abandoned (never uploaded).
-        Raises the upload's error if an episode could not be sent.
+        Raises the upload's error if an episode could not be sent, or the first
+        error of the queued rewards' requests (after a `ValueError` the others are
+        still sent; after any other error they are dropped).
         """
         if self._local is not None:
             self._local.close()
-        self._transport.close()
+            self._transport.close()
+            return
+        error: BaseException | None = None
+        try:
+            for episode_id, rewards, infos in self._returns.take_all():
+                if error is not None and not isinstance(error, ValueError):
+                    break
+                try:
+                    self._transport.post(
+                        "log_returns", {"episode_id": episode_id, "rewards": rewards, "infos": infos})
+                except Exception as exc:
+                    error = error or exc
+        finally:
+            self._transport.close()
+        if error is not None:
+            raise error
 
     def __enter__(self) -> PolicyClient:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+class _QueuedReturns:
+    """Remote mode: the episodes this client has open, and the rewards and infos logged on each
+    since its last call, in order; thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        # episode id -> ([[rewards, infos], ...], reward sums since the last step)
+        self._queues: dict[str, tuple[list, dict]] = {}
+        self._values: Any = None
+        self._values_lock = threading.Lock()
+
+    def values(self, transport: HttpTransport) -> Any:
+        """The server's checks (`CallValues`) on its agents and spaces, fetched at the first call."""
+        with self._values_lock:
+            if self._values is None:
+                # gymnasium and the spaces: imported only once rewards are queued.
+                from marl_runner.config.spaces import space_from_spec
+                from marl_runner.serving.validation import CallValues
+
+                info = transport.get("info")
+                self._values = CallValues(_Spaces(
+                    {a: space_from_spec(s) for a, s in info["observation_spaces"].items()},
+                    {a: space_from_spec(s) for a, s in info["action_spaces"].items()},
+                ))
+            return self._values
+
+    def is_open(self, episode_id: Any) -> bool:
+        with self._lock:
+            return _hashable(episode_id) and episode_id in self._queues
+
+    def open(self, episode_id: Any) -> None:
+        if _hashable(episode_id):
+            with self._lock:
+                self._queues.setdefault(episode_id, ([], {}))
+
+    def add(self, episode_id: Any, rewards: dict, infos: dict | None) -> bool:
+        """Queues checked values; False when the episode is no longer open. Raises
+        `ValueError` (nothing queued) when a reward sum would not fit the reward column."""
+        from marl_runner.serving.validation import add_rewards
+
+        with self._lock:
+            queue = self._queues.get(episode_id)
+            if queue is None:
+                return False
+            pairs, totals = queue
+            sums = add_rewards(totals, rewards, f"log_returns({episode_id!r})")
+            pairs.append([rewards, infos])
+            self._queues[episode_id] = (pairs, sums)
+            return True
+
+    def take(self, episode_id: Any, *, close: bool) -> list | None:
+        """The queued pairs of the episode's next call, emptied (`close`: the episode is no
+        longer open); None when it is not open."""
+        if not _hashable(episode_id):
+            return None
+        with self._lock:
+            queue = self._queues.pop(episode_id, None) if close else self._queues.get(episode_id)
+            if queue is None:
+                return None
+            if not close and queue[0]:
+                self._queues[episode_id] = ([], {})
+            return queue[0] if close or queue[0] else []
+
+    def put_back(self, episode_id: Any, pairs: list, *, reopen: bool) -> None:
+        """A refused call's pairs, ahead of those queued since (`reopen`: the call was to end
+        the episode, which is open again)."""
+        if not pairs and not reopen:
+            return
+        with self._lock:
+            if not reopen and episode_id not in self._queues:
+                return  # ended meanwhile by another thread
+            pairs = pairs + self._queues.get(episode_id, ([], {}))[0]
+            totals: dict = {}
+            for rewards, _ in pairs:
+                for agent, reward in rewards.items():
+                    totals[agent] = totals.get(agent, 0.0) + reward
+            self._queues[episode_id] = (pairs, totals)
+
+    def take_all(self) -> list[tuple[Any, dict, dict | None]]:
+        """Every queued pair as `(episode_id, rewards, infos)`, in order; the queues emptied."""
+        with self._lock:
+            out = [(eid, r, i) for eid, (pairs, _) in self._queues.items() for r, i in pairs]
+            for episode_id in self._queues:
+                self._queues[episode_id] = ([], {})
+            return out
+
+
+class _Spaces:
+    """The served env's agents and spaces, as `CallValues` asks for them."""
+
+    def __init__(self, observation_spaces: dict, action_spaces: dict) -> None:
+        self._observation_spaces = observation_spaces
+        self._action_spaces = action_spaces
+
+    def get_observation_space(self, agent: Any) -> Any:
+        return self._observation_spaces[agent]
+
+    def get_action_space(self, agent: Any) -> Any:
+        return self._action_spaces[agent]
+
+
+def _hashable(value: Any) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True

@@ -213,9 +213,16 @@ class PolicyServer:
         return {"episode_id": await asyncio.to_thread(
             self.board.start_episode, episode_id, training_enabled)}
 
+    # get_action, log_action and end_episode may carry a `returns` field: the rewards and
+    # infos logged since the episode's last step (PolicyClient sends one request per step).
+    # Every value is checked first; then the returns are applied as one `log_returns` (it
+    # refuses an unknown or finished episode before changing anything), then the call, which
+    # has nothing left to refuse: a refused request changes nothing.
+
     async def _get_action(self, body: dict) -> dict:
         episode_id = episode_id_of(_object(body))
         obs = self.values.obs(body.get("obs"))
+        self._log_returns_of(episode_id, self.values.returns(body.get("returns")))
         answer = self._answers.loop.create_future()
         self.board.request_action(episode_id, obs, functools.partial(self._answers.settle, answer))
         return {"actions": await answer}
@@ -224,6 +231,11 @@ class PolicyServer:
         episode_id = episode_id_of(_object(body))
         obs = self.values.obs(body.get("obs"))
         actions = self.values.actions(body.get("actions"))
+        extra = [agent for agent in actions if agent not in obs]
+        if extra:
+            raise RequestError(f"actions: agents {extra} have no obs in this step; agents with "
+                               f"an obs: {list(obs)}")
+        self._log_returns_of(episode_id, self.values.returns(body.get("returns")))
         self.board.log_action(episode_id, obs, actions)
         return {}
 
@@ -240,8 +252,13 @@ class PolicyServer:
         truncated = body.get("truncated", False)
         if not isinstance(truncated, bool):
             raise RequestError(f"truncated: {truncated!r} is not true/false")
+        self._log_returns_of(episode_id, self.values.returns(body.get("returns")))
         self.board.end_episode(episode_id, obs, truncated)
         return {}
+
+    def _log_returns_of(self, episode_id: str, returns: tuple[dict, dict] | None) -> None:
+        if returns is not None:
+            self.board.log_returns(episode_id, *returns)
 
     async def _experiences(self, body: dict) -> dict:
         # Checking a big upload takes a while: in a thread, so the event loop goes on.

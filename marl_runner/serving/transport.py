@@ -56,7 +56,14 @@ class PolicyServerError(RuntimeError):
 
 
 class PolicyServerUnavailable(ConnectionError):
-    """The server could not be reached, or the connection failed during a call."""
+    """The server could not be reached, or the connection failed during a call.
+
+    `sent`: the request may have reached the server (a `POST` it may have acted on).
+    """
+
+    def __init__(self, message: str, *, sent: bool = False) -> None:
+        super().__init__(message)
+        self.sent = sent
 
 
 class _OneWriteConnection(HTTPConnection):
@@ -191,7 +198,7 @@ class HttpTransport:
         if sent and method != "GET":
             return PolicyServerUnavailable(
                 f"{call} failed after the request was sent ({what}); not retried, since the "
-                "server may have acted on it"
+                "server may have acted on it", sent=True,
             )
         tries = f"{attempts} attempt{'s' if attempts > 1 else ''}"
         return PolicyServerUnavailable(

@@ -23,6 +23,7 @@ import numpy as np
 
 from marl_runner.serving.value_checks import (
     ACTION_MASK,
+    FLOAT32_MAX,
     RequestError,
     check_action_mask,
     finite_reward,
@@ -37,6 +38,7 @@ from marl_runner.serving.value_checks import (
 __all__ = [
     "CallValues",
     "RequestError",
+    "add_rewards",
     "episode_id_of",
     "filter_deltas_of",
     "to_space",
@@ -98,6 +100,30 @@ class CallValues:
                 check_action_mask(out[agent][ACTION_MASK], action_space, f"{where}[{ACTION_MASK!r}]")
         return out
 
+    def returns(self, returns: Any) -> tuple[dict[Any, float], dict[Any, dict]] | None:
+        """A call's `returns` field: `[[rewards, infos], ...]` logged since the episode's last
+        step, as one `log_returns`: the rewards added up in order (their sums must fit the
+        float32 reward column), the infos merged in order. Each pair gets `log_returns`'
+        checks; None when there are none."""
+        if returns is None:
+            return None
+        if not isinstance(returns, (list, tuple)):
+            raise RequestError(f"returns: expected a list of [rewards, infos], got {_kind(returns)}")
+        totals: dict[Any, float] = {}
+        merged: dict[Any, dict] = {}
+        for index, pair in enumerate(returns):
+            where = f"returns[{index}]"
+            if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+                raise RequestError(f"{where}: expected [rewards, infos], got {short(pair)}")
+            try:
+                rewards, infos = self.rewards(pair[0]), self.infos(pair[1])
+            except RequestError as exc:
+                raise RequestError(f"{where}: {exc}") from None
+            totals = add_rewards(totals, rewards, where)
+            for agent, info in (infos or {}).items():
+                merged.setdefault(agent, {}).update(info)
+        return (totals, merged) if returns else None
+
     def _agent_values(
         self, values: Any, key: str, space_of: Callable[[Any], gym.Space], allow_empty: bool,
         masks: bool,
@@ -116,6 +142,21 @@ class CallValues:
                 check_action_mask(out[agent][ACTION_MASK], self.env.get_action_space(agent),
                                   f"{where}[{ACTION_MASK!r}]")
         return out
+
+
+def add_rewards(totals: dict[Any, float], rewards: dict[Any, float], where: str) -> dict:
+    """`totals` plus `rewards`, agent by agent, in the order the runner adds them up; refuses
+    a sum beyond the float32 reward column (the runner would refuse that step)."""
+    out = dict(totals)
+    for agent, reward in rewards.items():
+        total = out.get(agent, 0.0) + reward
+        if not abs(total) <= FLOAT32_MAX:
+            raise RequestError(
+                f"{where}: rewards of agent {agent!r} add up to {total:g} since the last step; "
+                f"expected |sum| <= {FLOAT32_MAX:.4g} (the float32 reward column)"
+            )
+        out[agent] = total
+    return out
 
 
 def _one_box_arrays(values: dict, space_of: Callable[[Any], gym.Space]) -> dict | None:
