@@ -281,16 +281,19 @@ class RoundCollector:
                 chain.from_iterable(map(itemgetter(index), map(_GROUP_KEYS, run.layouts))),
             )
 
-    def _group_slots(self, shape: LayoutShape, agent_ids: tuple) -> list[np.ndarray | None]:
+    def _group_slots(
+        self, shape: LayoutShape, agent_ids: tuple
+    ) -> list[slice | np.ndarray | None]:
         """Per policy group of ``shape``: where its agents sit in a block's ``agent_ids``
-        (None: all of them, in order)."""
+        (None: all of them, in order; a slice where they sit side by side, as one team's
+        agents usually do, so that the group's rows are a view, not a gather)."""
         found = self._slots_of.get((shape, agent_ids))
         if found is None:
             if len(self._slots_of) >= _MAX_SLOT_TABLES:
                 self._slots_of.clear()
             position = {agent_id: slot for slot, agent_id in enumerate(agent_ids)}
             found = [
-                None if ids == agent_ids else np.array([position[a] for a in ids], np.intp)
+                None if ids == agent_ids else _slots([position[a] for a in ids])
                 for _, ids, _ in shape.groups
             ]
             self._slots_of[(shape, agent_ids)] = found
@@ -375,6 +378,14 @@ class RoundCollector:
         space = self._original_obs_space(slot.policy_id)
         fake = fake_final_obs(space, self._fake_obs_mode, episode.last_raw_obs.get(slot.agent_id))
         return _Row(slot, fake, None, terminated, truncated, False)
+
+
+def _slots(positions: list[int]) -> slice | np.ndarray:
+    """``positions`` as a slice when they run up one by one, else as an index array."""
+    first = positions[0]
+    if positions == list(range(first, first + len(positions))):
+        return slice(first, first + len(positions))
+    return np.array(positions, np.intp)
 
 
 def _add_alike(round_: Round, shape: LayoutShape, run: _DictRun) -> None:
