@@ -4,7 +4,8 @@ The setting a user meets: `marl-runner serve examples/configs/serve_drones.yaml`
 (remote inference over loopback, 32 episode slots, observation filter and
 frame stacking) in its own process, and client processes of 8 or 16 threads,
 each thread playing 50-step episodes of 4 drones with `PolicyClient`
-(`get_action`, then `log_returns`; `end_episode`). Reported at 16 and 64
+(`get_action`, then `log_returns`; `end_episode`: one request per step, the
+rewards riding on the next call). Reported at 16 and 64
 clients: `get_action` calls per second, their p50 and p99 latency as the
 client sees it, errors, and the episodes the clients finished against those
 the server wrote to `--out`. Also the wire codec: encode + decode of one

@@ -250,6 +250,8 @@ class _QueuedReturns:
 
     def values(self, transport: HttpTransport) -> Any:
         """The server's checks (`CallValues`) on its agents and spaces, fetched at the first call."""
+        if self._values is not None:
+            return self._values
         with self._values_lock:
             if self._values is None:
                 # gymnasium and the spaces: imported only once rewards are queued.
