@@ -26,6 +26,7 @@ from helpers_http_stub import serving_on_loopback
 
 from marl_runner import EnvRunner
 from marl_runner.client import PolicyClient, PolicyServerUnavailable
+from marl_runner.serving import client as client_module
 from marl_runner.serving import codec
 from marl_runner.serving.server import PolicyServer
 from marl_runner.serving.transport import HttpTransport
@@ -225,6 +226,22 @@ def test_close_sends_the_rewards_still_queued(requests):
         wait_for(lambda: len(handle.batches) == 1)
     rows = rows_of(handle.batches[0])
     assert (rows["a0"], rows["a1"]) == ([(3.0, {})], [(4.0, {})])
+
+
+def test_the_oldest_idle_episodes_are_forgotten_past_the_limit(requests, monkeypatch):
+    monkeypatch.setattr(client_module, "MAX_OPEN_EPISODES", 2)
+    rng = np.random.default_rng(0)
+    with served(CONFIG) as handle, PolicyClient(handle.server.address) as client:
+        first, second = client.start_episode(), client.start_episode()
+        client.log_returns(second, {"a0": 1.0})  # queued: never forgotten
+        third = client.start_episode()  # forgets `first`, the oldest with nothing queued
+        client.log_returns(first, {"a0": 1.0})
+        client.log_returns(second, {"a0": 1.0})
+        client.log_returns(third, {"a0": 1.0})
+        assert requests["log_returns"] == 1
+        client.get_action(first, obs(rng))  # opens it again; the others have rewards queued
+        client.log_returns(first, {"a0": 1.0})
+        assert requests["log_returns"] == 1
 
 
 def test_a_malformed_returns_field_gets_400_and_changes_nothing():

@@ -58,6 +58,10 @@ from marl_runner.serving.transport import (
 __all__ = ["PolicyClient", "PolicyServerError", "PolicyServerUnavailable"]
 
 INFERENCE_MODES = ("remote", "local")
+# Open episodes a remote-mode client keeps a queue for; past this, the oldest with nothing
+# queued is forgotten (an episode abandoned without end_episode must not be kept forever):
+# its log_returns calls are then sent at once, until its next call opens it again.
+MAX_OPEN_EPISODES = 10_000
 
 
 class PolicyClient:
@@ -270,9 +274,15 @@ class _QueuedReturns:
             return _hashable(episode_id) and episode_id in self._queues
 
     def open(self, episode_id: Any) -> None:
-        if _hashable(episode_id):
-            with self._lock:
-                self._queues.setdefault(episode_id, ([], {}))
+        if not _hashable(episode_id):
+            return
+        with self._lock:
+            if episode_id in self._queues:
+                return
+            if len(self._queues) >= MAX_OPEN_EPISODES:
+                oldest = next((e for e, (pairs, _) in self._queues.items() if not pairs), None)
+                self._queues.pop(oldest, None)
+            self._queues[episode_id] = ([], {})
 
     def add(self, episode_id: Any, rewards: dict, infos: dict | None) -> bool:
         """Queues checked values; False when the episode is no longer open. Raises
