@@ -101,7 +101,12 @@ class PolicyClient:
             backoff_s=backoff_s,
         )
         self._local = None
-        self._returns = _QueuedReturns()
+        # "remote" mode: each episode this client has open -> [the [rewards, infos] pairs logged
+        # since its last call, their reward sums]; oldest first. `_values`: the server's checks.
+        self._queued: dict[str, list] = {}
+        self._lock = threading.Lock()
+        self._values: Any = None
+        self._values_lock = threading.Lock()
         if inference_mode == "local":
             from marl_runner.serving.local_inference import LocalInference
 
@@ -118,32 +123,8 @@ class PolicyClient:
         if episode_id is not None:
             body["episode_id"] = episode_id
         episode_id = self._transport.post("start_episode", body)["episode_id"]
-        self._returns.open(episode_id)
+        self._open(episode_id)
         return episode_id
-
-    def _step(self, name: str, body: dict, *, ends: bool = False) -> Any:
-        """`name`'s request, carrying the returns queued for its episode. `ends`: the episode
-        is closed here for the queue (a `log_returns` meanwhile goes to the server) and
-        reopened if the call fails."""
-        episode_id = body["episode_id"]
-        returns = self._returns.take(episode_id, close=ends)
-        if returns:  # None: the episode is not open here
-            body["returns"] = returns
-        try:
-            answer = self._transport.post(name, body)
-        except BaseException as exc:
-            # Put back only when the server did nothing: it refused the request (an answer
-            # other than 200), or the request was never sent. Otherwise it may have applied
-            # them (and ended the episode): never twice.
-            acted = not isinstance(exc, Exception) or (
-                isinstance(exc, PolicyServerUnavailable) and exc.sent
-            )
-            if returns is not None and not acted:
-                self._returns.put_back(episode_id, returns, reopen=ends)
-            raise
-        if not ends:
-            self._returns.open(episode_id)
-        return answer
 
     def get_action(self, episode_id: str, obs: dict) -> dict:
         """Actions of the agents in `obs`; rewards logged since the last step go to the last ones."""
@@ -169,13 +150,17 @@ class PolicyClient:
             values = self._local.values
             self._local.env.log_returns(episode_id, values.rewards(rewards), values.infos(infos))
             return
-        if self._returns.is_open(episode_id):
-            values = self._returns.values(self._transport)
-            checked = values.rewards(rewards)
-            checked_infos = values.infos(infos)
-            if self._returns.add(episode_id, checked, copy.deepcopy(checked_infos)):
-                return
-            rewards, infos = checked, checked_infos  # ended meanwhile by another thread
+        if isinstance(episode_id, str) and episode_id in self._queued:
+            from marl_runner.serving.validation import add_rewards
+
+            values = self._server_checks()
+            rewards, infos = values.rewards(rewards), copy.deepcopy(values.infos(infos))
+            with self._lock:
+                queued = self._queued.get(episode_id)
+                if queued is not None:  # else ended meanwhile by another thread: sent below
+                    queued[1] = add_rewards(queued[1], rewards, f"log_returns({episode_id!r})")
+                    queued[0].append([rewards, infos])
+                    return
         self._transport.post("log_returns", {"episode_id": episode_id, "rewards": rewards, "infos": infos})
 
     def end_episode(self, episode_id: str, obs: dict, truncated: bool = False) -> None:
@@ -219,9 +204,12 @@ class PolicyClient:
             self._local.close()
             self._transport.close()
             return
+        with self._lock:
+            queued = [(eid, pair) for eid, (pairs, _) in self._queued.items() for pair in pairs]
+            self._queued = {eid: [[], {}] for eid in self._queued}
         error: BaseException | None = None
         try:
-            for episode_id, rewards, infos in self._returns.take_all():
+            for episode_id, (rewards, infos) in queued:
                 if error is not None and not isinstance(error, ValueError):
                     break
                 try:
@@ -240,119 +228,60 @@ class PolicyClient:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-
-class _QueuedReturns:
-    """Remote mode: the episodes this client has open, and the rewards and infos logged on each
-    since its last call, in order; thread-safe."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        # episode id -> ([[rewards, infos], ...], reward sums since the last step)
-        self._queues: dict[str, tuple[list, dict]] = {}
-        self._values: Any = None
-        self._values_lock = threading.Lock()
-
-    def values(self, transport: HttpTransport) -> Any:
-        """The server's checks (`CallValues`) on its agents and spaces, fetched at the first call."""
-        if self._values is not None:
-            return self._values
-        with self._values_lock:
-            if self._values is None:
-                # gymnasium and the spaces: imported only once rewards are queued.
-                from marl_runner.config.spaces import space_from_spec
-                from marl_runner.serving.validation import CallValues
-
-                info = transport.get("info")
-                self._values = CallValues(_Spaces(
-                    {a: space_from_spec(s) for a, s in info["observation_spaces"].items()},
-                    {a: space_from_spec(s) for a, s in info["action_spaces"].items()},
-                ))
-            return self._values
-
-    def is_open(self, episode_id: Any) -> bool:
+    def _step(self, name: str, body: dict, *, ends: bool = False) -> Any:
+        """`name`'s request, carrying the returns queued for its episode. `ends`: the episode
+        is closed here (a `log_returns` meanwhile goes to the server), reopened if refused."""
+        episode_id = body["episode_id"]
         with self._lock:
-            return _hashable(episode_id) and episode_id in self._queues
+            queued = self._queued.pop(episode_id, None) if isinstance(episode_id, str) else None
+            if queued is not None and not ends:
+                self._queued[episode_id] = [[], {}]
+        if queued and queued[0]:
+            body["returns"] = queued[0]
+        try:
+            answer = self._transport.post(name, body)
+        except BaseException as exc:
+            # Put back only when the server did nothing: it refused the request (an answer
+            # other than 200), or the request was never sent. Otherwise it may have applied
+            # them (and ended the episode): never twice.
+            did_nothing = isinstance(exc, Exception) and not (
+                isinstance(exc, PolicyServerUnavailable) and exc.sent)
+            if queued is not None and did_nothing:
+                self._put_back(episode_id, queued[0], reopen=ends)
+            raise
+        if not ends:
+            self._open(episode_id)
+        return answer
 
-    def open(self, episode_id: Any) -> None:
-        if not _hashable(episode_id):
-            return
+    def _open(self, episode_id: str) -> None:
+        """Keeps a queue for the episode; past `MAX_OPEN_EPISODES`, the oldest idle one goes."""
         with self._lock:
-            if episode_id in self._queues:
+            if episode_id in self._queued:
                 return
-            if len(self._queues) >= MAX_OPEN_EPISODES:
-                oldest = next((e for e, (pairs, _) in self._queues.items() if not pairs), None)
-                self._queues.pop(oldest, None)
-            self._queues[episode_id] = ([], {})
+            if len(self._queued) >= MAX_OPEN_EPISODES:
+                idle = next((eid for eid, (pairs, _) in self._queued.items() if not pairs), None)
+                self._queued.pop(idle, None)
+            self._queued[episode_id] = [[], {}]
 
-    def add(self, episode_id: Any, rewards: dict, infos: dict | None) -> bool:
-        """Queues checked values; False when the episode is no longer open. Raises
-        `ValueError` (nothing queued) when a reward sum would not fit the reward column."""
-        from marl_runner.serving.validation import add_rewards
-
-        with self._lock:
-            queue = self._queues.get(episode_id)
-            if queue is None:
-                return False
-            pairs, totals = queue
-            sums = add_rewards(totals, rewards, f"log_returns({episode_id!r})")
-            pairs.append([rewards, infos])
-            self._queues[episode_id] = (pairs, sums)
-            return True
-
-    def take(self, episode_id: Any, *, close: bool) -> list | None:
-        """The queued pairs of the episode's next call, emptied (`close`: the episode is no
-        longer open); None when it is not open."""
-        if not _hashable(episode_id):
-            return None
-        with self._lock:
-            queue = self._queues.pop(episode_id, None) if close else self._queues.get(episode_id)
-            if queue is None:
-                return None
-            if not close and queue[0]:
-                self._queues[episode_id] = ([], {})
-            return queue[0] if close or queue[0] else []
-
-    def put_back(self, episode_id: Any, pairs: list, *, reopen: bool) -> None:
-        """A refused call's pairs, ahead of those queued since (`reopen`: the call was to end
+    def _put_back(self, episode_id: str, pairs: list, *, reopen: bool) -> None:
+        """A refused call's pairs, ahead of those logged since (`reopen`: the call was to end
         the episode, which is open again)."""
-        if not pairs and not reopen:
-            return
         with self._lock:
-            if not reopen and episode_id not in self._queues:
+            if not reopen and episode_id not in self._queued:
                 return  # ended meanwhile by another thread
-            pairs = pairs + self._queues.get(episode_id, ([], {}))[0]
-            totals: dict = {}
+            pairs = pairs + self._queued.get(episode_id, [[], {}])[0]
+            sums: dict = {}
             for rewards, _ in pairs:
                 for agent, reward in rewards.items():
-                    totals[agent] = totals.get(agent, 0.0) + reward
-            self._queues[episode_id] = (pairs, totals)
+                    sums[agent] = sums.get(agent, 0.0) + reward
+            self._queued[episode_id] = [pairs, sums]
 
-    def take_all(self) -> list[tuple[Any, dict, dict | None]]:
-        """Every queued pair as `(episode_id, rewards, infos)`, in order; the queues emptied."""
-        with self._lock:
-            out = [(eid, r, i) for eid, (pairs, _) in self._queues.items() for r, i in pairs]
-            for episode_id in self._queues:
-                self._queues[episode_id] = ([], {})
-            return out
+    def _server_checks(self) -> Any:
+        """`validation.CallValues` on the server's agents and spaces, fetched at the first call."""
+        if self._values is None:
+            with self._values_lock:
+                if self._values is None:
+                    from marl_runner.serving.validation import checks_of_info
 
-
-class _Spaces:
-    """The served env's agents and spaces, as `CallValues` asks for them."""
-
-    def __init__(self, observation_spaces: dict, action_spaces: dict) -> None:
-        self._observation_spaces = observation_spaces
-        self._action_spaces = action_spaces
-
-    def get_observation_space(self, agent: Any) -> Any:
-        return self._observation_spaces[agent]
-
-    def get_action_space(self, agent: Any) -> Any:
-        return self._action_spaces[agent]
-
-
-def _hashable(value: Any) -> bool:
-    try:
-        hash(value)
-    except TypeError:
-        return False
-    return True
+                    self._values = checks_of_info(self._transport.get("info"))
+        return self._values

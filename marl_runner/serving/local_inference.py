@@ -21,12 +21,12 @@ import threading
 import time
 import uuid
 
-from marl_runner.config import RunnerConfig, space_from_spec
+from marl_runner.config import RunnerConfig
 from marl_runner.distributed.filter_states import pop_filter_deltas
-from marl_runner.envs import ExternalMultiAgentEnv, register_env
+from marl_runner.envs import register_env
 from marl_runner.serving.batches import batch_to_value, num_episodes
 from marl_runner.serving.transport import HttpTransport
-from marl_runner.serving.validation import CallValues
+from marl_runner.serving.validation import checks_of_info
 
 logger = logging.getLogger(__name__)
 
@@ -42,12 +42,8 @@ class LocalInference:
         self.transport = transport
         self.update_interval_s = update_interval_s
         info = transport.get("info")
-        env = ExternalMultiAgentEnv(
-            {a: space_from_spec(s) for a, s in info["observation_spaces"].items()},
-            {a: space_from_spec(s) for a, s in info["action_spaces"].items()},
-        )
-        self.env = env
-        self.values = CallValues(env)  # the server's checks, run at each call
+        self.values = checks_of_info(info)  # the server's checks, run at each call
+        self.env = env = self.values.env
         env_name = f"marl_runner_client_{uuid.uuid4().hex}"
         register_env(env_name, lambda _config: env)
         config = dict(info["config"])

@@ -21,6 +21,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from marl_runner.config.spaces import space_from_spec
+from marl_runner.envs.external_env import ExternalMultiAgentEnv
 from marl_runner.serving.value_checks import (
     ACTION_MASK,
     FLOAT32_MAX,
@@ -39,6 +41,7 @@ __all__ = [
     "CallValues",
     "RequestError",
     "add_rewards",
+    "checks_of_info",
     "episode_id_of",
     "filter_deltas_of",
     "to_space",
@@ -142,6 +145,15 @@ class CallValues:
                 check_action_mask(out[agent][ACTION_MASK], self.env.get_action_space(agent),
                                   f"{where}[{ACTION_MASK!r}]")
         return out
+
+
+def checks_of_info(info: dict) -> CallValues:
+    """The checks on the agents and spaces a server's `GET /v1/info` names: what a client runs
+    at each call, on an `ExternalMultiAgentEnv` of those spaces, as the server does."""
+    return CallValues(ExternalMultiAgentEnv(
+        {a: space_from_spec(s) for a, s in info["observation_spaces"].items()},
+        {a: space_from_spec(s) for a, s in info["action_spaces"].items()},
+    ))
 
 
 def add_rewards(totals: dict[Any, float], rewards: dict[Any, float], where: str) -> dict:
