@@ -74,7 +74,7 @@ class PolicyClient:
         token: the server's shared token (default: `MARL_RUNNER_TOKEN`).
         timeout_s: socket timeout per request; None waits as long as it takes.
         retries: how many more attempts a call that cannot act twice gets.
-        backoff_s: the wait before the first retry; it doubles on each one.
+        backoff_s: the retries' backoff factor (see `transport.HttpTransport`).
     """
 
     def __init__(

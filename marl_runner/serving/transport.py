@@ -1,27 +1,26 @@
-"""The client side of the wire: urllib3's pooled keep-alive connections, the safe codec, and
-retries only where a second attempt cannot act twice.
+"""The client side of the wire: urllib3's pooled keep-alive connections and retry policy, the
+safe codec, and retries only where a second attempt cannot act twice.
 
 urllib3 (not httpx: a small request costs a client here about 170 µs of CPU
 with urllib3, 450 µs with httpx) keeps the connections: threads share one
 pool, a connection the server closed while idle, or one that failed, is
 never reused, and an answer sent before the server closed a request it did
-not read whole (413, 401) is still read. Retried, with exponential backoff:
-a call whose connection could not be opened, a 503 with `Retry-After` (the
-server did nothing), and `GET` calls after any connection error. A `POST`
-that may have reached the server is not (`get_action`, `log_returns`,
-uploads and weight syncs are not idempotent): `PolicyServerUnavailable`
-names the server, the call and the cause.
+not read whole (413, 401) is still read. Retried by urllib3's `Retry`, with
+exponential backoff: a call whose connection could not be opened, a 503 with
+`Retry-After` (the server did nothing), and `GET` calls after any connection
+error. A `POST` that may have reached the server is not (`get_action`,
+`log_returns`, uploads and weight syncs are not idempotent):
+`PolicyServerUnavailable` names the server, the call and the cause.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any
 from urllib.parse import urlsplit
 
 import urllib3
 from urllib3.connection import HTTPConnection
-from urllib3.exceptions import ConnectTimeoutError, EmptyPoolError, HTTPError
+from urllib3.exceptions import HTTPError, MaxRetryError
 from urllib3.exceptions import TimeoutError as Urllib3Timeout
 
 from marl_runner.serving import codec
@@ -40,8 +39,6 @@ _BUILTIN_ERRORS: dict[str, type[Exception]] = {
     "TimeoutError": TimeoutError,
     "NotImplementedError": NotImplementedError,
 }
-# Failures before anything was sent: the connection could not be opened.
-_NOT_SENT = (ConnectTimeoutError, EmptyPoolError)
 # Connections kept open for reuse (one per thread calling at once, up to this many).
 POOL_SIZE = 256
 
@@ -117,7 +114,9 @@ class HttpTransport:
         content_type: the codec of request bodies (binary by default).
         retries: how many times a call that may be retried (see the module
             docstring) is attempted again before it raises.
-        backoff_s: the wait before the first retry; it doubles on each one.
+        backoff_s: urllib3's backoff factor: the first retry goes at once, the
+            n-th waits `backoff_s * 2 ** (n - 1)` (or the server's Retry-After,
+            at most `MAX_RETRY_AFTER_S`).
     """
 
     def __init__(
@@ -140,6 +139,11 @@ class HttpTransport:
         self.content_type = content_type
         self.retries = retries
         self.backoff_s = backoff_s
+        # A POST is never sent twice (read=False: an error once it may have been sent raises);
+        # urllib3 retries it when no connection opened, or on a 503 with Retry-After.
+        policy = {"total": retries, "backoff_factor": backoff_s, "allowed_methods": None,
+                  "raise_on_status": False, "retry_after_max": MAX_RETRY_AFTER_S}
+        self._retries = {"GET": urllib3.Retry(**policy), "POST": urllib3.Retry(**policy, read=False)}
         # A POST's answer comes in its body's codec; a GET asks for one with Accept.
         auth = {"Authorization": f"Bearer {token}"} if token else {}
         self._headers = {"POST": {"Content-Type": content_type, **auth},
@@ -165,41 +169,30 @@ class HttpTransport:
         return _Pool(host, port, maxsize=POOL_SIZE, retries=False, timeout=timeout)
 
     def _call(self, method: str, name: str, body: bytes | None) -> Any:
-        """One call with the retries the module docstring lists."""
-        delay = self.backoff_s
-        for attempt in range(1, self.retries + 2):
-            last = attempt == self.retries + 1
-            try:
-                response = self._pool.urlopen(
-                    method, API_PREFIX + name, body=body, headers=self._headers[method],
-                    redirect=False, preload_content=True,
-                )
-            except HTTPError as exc:
-                sent = not isinstance(exc, _NOT_SENT)
-                if (sent and method != "GET") or last:
-                    raise self._unavailable(method, name, exc, sent, attempt) from exc
-                time.sleep(delay)
-            else:
-                if response.status != 503:
-                    return _answer(response)
-                retry_after = _seconds(response.headers.get("Retry-After"))
-                if retry_after is None or last:
-                    return _answer(response)
-                time.sleep(min(max(retry_after, delay), MAX_RETRY_AFTER_S))
-            delay *= 2
-        raise AssertionError("unreachable: the last attempt returns or raises")
+        """One call, with the retries the module docstring lists."""
+        try:
+            response = self._pool.urlopen(
+                method, API_PREFIX + name, body=body, headers=self._headers[method],
+                retries=self._retries[method], redirect=False, preload_content=True,
+            )
+        except MaxRetryError as exc:  # never sent, or a GET: retried up to the last attempt
+            raise self._unavailable(method, name, exc.reason, sent=False) from exc
+        except HTTPError as exc:  # a POST that may have been sent (urllib3 retries a GET)
+            raise self._unavailable(method, name, exc, sent=method != "GET") from exc
+        return _answer(response)
 
     def _unavailable(
-        self, method: str, name: str, cause: HTTPError, sent: bool, attempts: int
+        self, method: str, name: str, cause: Exception | None, sent: bool
     ) -> PolicyServerUnavailable:
         kind = "TimeoutError" if isinstance(cause, Urllib3Timeout) else type(cause).__name__
         what = f"{kind}: {cause}" if str(cause) else kind
         call = f"policy server {self.url}: {method} {API_PREFIX}{name}"
-        if sent and method != "GET":
+        if sent:
             return PolicyServerUnavailable(
                 f"{call} failed after the request was sent ({what}); not retried, since the "
                 "server may have acted on it", sent=True,
             )
+        attempts = self.retries + 1
         tries = f"{attempts} attempt{'s' if attempts > 1 else ''}"
         return PolicyServerUnavailable(
             f"{call} failed after {tries} ({what}); is the server running at that address?"
@@ -223,14 +216,3 @@ def _answer(response: urllib3.BaseHTTPResponse) -> Any:
     if builtin is not None:
         raise builtin(message)
     raise PolicyServerError(response.status, error_type, message)
-
-
-def _seconds(header: str | None) -> float | None:
-    """A Retry-After header in seconds (the HTTP-date form is not used by this server)."""
-    if header is None:
-        return None
-    try:
-        seconds = float(header)
-    except ValueError:
-        return None
-    return seconds if seconds >= 0 else None
