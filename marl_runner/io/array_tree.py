@@ -27,6 +27,7 @@ field, prefixed by the caller's ``where`` (the file, or "request body").
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -42,7 +43,10 @@ _PREFIX = struct.Struct("<8sIQ")  # magic, version, header length
 #: Array dtypes a frame may hold: numbers and booleans, never objects.
 _ARRAY_KINDS = "biufc"
 _TAGS = ("__ndarray__", "__tuple__", "__items__")
+_TAG_SET = frozenset(_TAGS)
+_PLAIN = (bool, int, float, str)  # stored as they are
 _ARRAY_FIELDS = ("dtype", "shape", "offset", "nbytes")
+_ARRAY_FIELD_SET = frozenset(_ARRAY_FIELDS)
 _DTYPE = re.compile(r"[<>|=]?[biufc][0-9]{1,2}")
 MAX_DEPTH = 64  # JSON levels; real checkpoint headers need about 12
 _MAX_NDIM = 32
@@ -50,38 +54,50 @@ _MAX_ARRAY_BYTES = 1 << 48  # any one array's declared extent; numpy's own limit
 PREFIX_BYTES = _PREFIX.size
 
 
-def pack(value: Any, arrays: list[np.ndarray], where: str, error: type[Exception]) -> Any:
+def pack(value: Any, arrays: list[np.ndarray], where: Any, error: type[Exception]) -> Any:
     """The JSON-ready form of ``value``; its arrays are appended to ``arrays``.
 
     Takes None, bools, numbers, strings, lists, tuples, dicts and numeric numpy
     arrays (numpy scalars become numbers); anything else raises ``error``.
+    ``where`` names ``value`` in messages (see ``_path``).
     """
-    if value is None or isinstance(value, bool | int | float | str):
+    if value is None or isinstance(value, _PLAIN):
         return value
     if isinstance(value, np.ndarray):
         if value.dtype.kind not in _ARRAY_KINDS:
-            raise error(f"cannot write {where}: array dtype {value.dtype} is not numeric")
+            raise error(f"cannot write {_path(where)}: array dtype {value.dtype} is not numeric")
         arrays.append(value)
         return {"__ndarray__": len(arrays) - 1}
     if isinstance(value, np.generic):
         return pack(value.item(), arrays, where, error)
     if isinstance(value, tuple):
-        return {"__tuple__": [pack(v, arrays, f"{where}[{i}]", error) for i, v in enumerate(value)]}
+        return {"__tuple__": [pack(v, arrays, (where, "[{}]", i), error) for i, v in enumerate(value)]}
     if isinstance(value, list):
-        return [pack(v, arrays, f"{where}[{i}]", error) for i, v in enumerate(value)]
+        return [pack(v, arrays, (where, "[{}]", i), error) for i, v in enumerate(value)]
     if isinstance(value, dict):
-        if all(isinstance(k, str) for k in value) and not any(k in _TAGS for k in value):
-            return {k: pack(v, arrays, f"{where}.{k}", error) for k, v in value.items()}
+        if all(isinstance(k, str) for k in value) and _TAG_SET.isdisjoint(value):
+            return {k: pack(v, arrays, (where, ".{}", k), error) for k, v in value.items()}
         return {
             "__items__": [
-                [pack(k, arrays, where, error), pack(v, arrays, f"{where}[{k!r}]", error)]
+                [pack(k, arrays, where, error), pack(v, arrays, (where, "[{!r}]", k), error)]
                 for k, v in value.items()
             ]
         }
     raise error(
-        f"cannot write {where}: a {type(value).__name__} cannot be stored; expected "
+        f"cannot write {_path(where)}: a {type(value).__name__} cannot be stored; expected "
         "numbers, strings, lists, tuples, dicts and numeric numpy arrays"
     )
+
+
+def _path(where: Any) -> str:
+    """A field's name for a message: ``where`` is a string, or ``(parent, template, key)``
+    (the parent's name, then the template formatted with the key), so that the names of
+    fields that pass are never built."""
+    parts = []
+    while isinstance(where, tuple):
+        where, template, key = where
+        parts.append(template.format(key))
+    return where + "".join(reversed(parts))
 
 
 def encode_frame(
@@ -176,47 +192,45 @@ def unpack(
     Once, so that no two values alias one array and no array is stored
     without a use. ``where`` prefixes the field paths in errors.
     """
-    used: list[str | None] = [None] * len(arrays)  # where each array was referenced
+    used: list[Any] = [None] * len(arrays)  # where each array was referenced (see `_path`)
 
-    def decode(value: Any, path: str) -> Any:
+    def decode(value: Any, path: Any) -> Any:
         if isinstance(value, list):
-            return [decode(v, f"{path}[{i}]") for i, v in enumerate(value)]
+            return [decode(v, (path, "[{}]", i)) for i, v in enumerate(value)]
         if not isinstance(value, dict):
             return value
         tag = next(iter(value)) if len(value) == 1 else None
-        if tag not in _TAGS:
-            return {k: decode(v, f"{path}.{k}") for k, v in value.items()}
+        if tag not in _TAG_SET:
+            return {k: decode(v, (path, ".{}", k)) for k, v in value.items()}
         inner = value[tag]
         if tag == "__ndarray__":
             if not _is_count(inner) or inner >= len(arrays):
                 raise error(
-                    f"{where} {path} refers to array {inner!r}; expected an index below "
+                    f"{where} {_path(path)} refers to array {inner!r}; expected an index below "
                     f"{len(arrays)}"
                 )
             if used[inner] is not None:
                 raise error(
-                    f"{where} {used[inner]} and {path} both refer to array {inner}; "
-                    "expected each array to be referenced once"
+                    f"{where} {_path(used[inner])} and {_path(path)} both refer to array "
+                    f"{inner}; expected each array to be referenced once"
                 )
             used[inner] = path
             return arrays[inner]
         if not isinstance(inner, list):
-            raise error(f"{where} {path}.{tag} is {short(inner)}; expected a list")
+            raise error(f"{where} {_path(path)}.{tag} is {short(inner)}; expected a list")
         if tag == "__tuple__":
-            return tuple(decode(v, f"{path}[{i}]") for i, v in enumerate(inner))
+            return tuple(decode(v, (path, "[{}]", i)) for i, v in enumerate(inner))
         out = {}
         for i, pair in enumerate(inner):
+            at = f"{_path(path)}.__items__[{i}]"
             if not (isinstance(pair, list) and len(pair) == 2):
-                raise error(
-                    f"{where} {path}.__items__[{i}] is {short(pair)}; expected a [key, value] pair"
-                )
-            key = decode(pair[0], f"{path}.__items__[{i}][0]")
+                raise error(f"{where} {at} is {short(pair)}; expected a [key, value] pair")
+            key = decode(pair[0], f"{at}[0]")
             if isinstance(key, list | dict | np.ndarray):
                 raise error(
-                    f"{where} {path}.__items__[{i}][0] is a {type(key).__name__}; expected a "
-                    "hashable dict key"
+                    f"{where} {at}[0] is a {type(key).__name__}; expected a hashable dict key"
                 )
-            out[key] = decode(pair[1], f"{path}.__items__[{i}][1]")
+            out[key] = decode(pair[1], f"{at}[1]")
         return out
 
     result = decode(tree, path)
@@ -259,47 +273,61 @@ def _array_entry(
     entry: Any, i: int, data_bytes: int, where: str, error: type[Exception]
 ) -> tuple[np.dtype, tuple[int, ...], int, int]:
     """``(dtype, shape, offset, nbytes)`` of entry ``i``, validated without allocating."""
-    field = f"{where} field arrays[{i}]"
-    if not isinstance(entry, dict) or set(entry) != set(_ARRAY_FIELDS):
+    if not isinstance(entry, dict) or entry.keys() != _ARRAY_FIELD_SET:
         raise error(
-            f"{field} is {short(entry)}; expected an object with exactly {list(_ARRAY_FIELDS)}"
+            f"{_field(where, i)} is {short(entry)}; expected an object with exactly "
+            f"{list(_ARRAY_FIELDS)}"
         )
     text = entry["dtype"]
-    try:
-        dtype = np.dtype(text) if isinstance(text, str) and _DTYPE.fullmatch(text) else None
-    except TypeError:  # matches the pattern but is no dtype, e.g. 'i3'
-        dtype = None
-    if dtype is None or dtype.kind not in _ARRAY_KINDS:
+    dtype = _dtype(text) if isinstance(text, str) else None
+    if dtype is None:
         raise error(
-            f"{field}.dtype is {short(text)}; expected a numeric dtype string such as '<f4'"
+            f"{_field(where, i)}.dtype is {short(text)}; expected a numeric dtype string such as "
+            "'<f4'"
         )
     shape = entry["shape"]
     if not (
         isinstance(shape, list) and len(shape) <= _MAX_NDIM and all(_is_count(n) for n in shape)
     ):
         raise error(
-            f"{field}.shape is {short(shape)}; expected a list of at most {_MAX_NDIM} integers >= 0"
+            f"{_field(where, i)}.shape is {short(shape)}; expected a list of at most {_MAX_NDIM} "
+            "integers >= 0"
         )
-    if math.prod(max(n, 1) for n in shape) * dtype.itemsize > _MAX_ARRAY_BYTES:
+    size = math.prod(shape)
+    if (size or math.prod(max(n, 1) for n in shape)) * dtype.itemsize > _MAX_ARRAY_BYTES:
         raise error(
-            f"{field}.shape {shape} is too large for a {dtype} array (at most "
+            f"{_field(where, i)}.shape {shape} is too large for a {dtype} array (at most "
             f"{_MAX_ARRAY_BYTES} bytes, even counting zero-length axes as 1)"
         )
-    for name in ("offset", "nbytes"):
-        if not _is_count(entry[name]):
-            raise error(f"{field}.{name} is {short(entry[name])}; expected an integer >= 0")
     offset, nbytes = entry["offset"], entry["nbytes"]
-    if math.prod(shape) * dtype.itemsize != nbytes:
+    for name, value in (("offset", offset), ("nbytes", nbytes)):
+        if not _is_count(value):
+            raise error(f"{_field(where, i)}.{name} is {short(value)}; expected an integer >= 0")
+    if size * dtype.itemsize != nbytes:
         raise error(
-            f"{field}: shape {shape} of {dtype} is {math.prod(shape) * dtype.itemsize} bytes, "
+            f"{_field(where, i)}: shape {shape} of {dtype} is {size * dtype.itemsize} bytes, "
             f"but nbytes is {nbytes}"
         )
     if offset + nbytes > data_bytes:
         raise error(
-            f"{field}: bytes {offset}..{offset + nbytes} lie past the end of the array data "
-            f"({data_bytes} bytes)"
+            f"{_field(where, i)}: bytes {offset}..{offset + nbytes} lie past the end of the array "
+            f"data ({data_bytes} bytes)"
         )
     return dtype, tuple(shape), offset, nbytes
+
+
+def _field(where: str, i: int) -> str:
+    return f"{where} field arrays[{i}]"
+
+
+@functools.lru_cache(maxsize=256)
+def _dtype(text: str) -> np.dtype | None:
+    """The numeric dtype a header names (``'<f4'``), or None; the few a frame uses are cached."""
+    try:
+        dtype = np.dtype(text) if _DTYPE.fullmatch(text) else None
+    except TypeError:  # matches the pattern but is no dtype, e.g. 'i3'
+        return None
+    return dtype if dtype is not None and dtype.kind in _ARRAY_KINDS else None
 
 
 def depth_exceeds(value: Any, max_depth: int) -> bool:
