@@ -140,39 +140,33 @@ class HttpEndpoint:
 
     def start(self) -> None:
         """Starts the event loop thread and begins accepting connections."""
-        ready = threading.Event()
-        failure: list[BaseException] = []
-
-        async def setup() -> None:
-            server = web.Server(
-                self._handle, keepalive_timeout=self.settings.idle_timeout_s,
-                lingering_time=LINGER_S, max_line_size=MAX_LINE_BYTES,
-                max_field_size=MAX_LINE_BYTES, access_log=None,
-            )
-            self._idle = asyncio.Event()
-            self._idle.set()
-            self._runner = web.ServerRunner(server, shutdown_timeout=self.settings.close_wait_s)
-            await self._runner.setup()
-            await web.SockSite(self._runner, self.sock, backlog=self.settings.backlog).start()
 
         def run() -> None:
             asyncio.set_event_loop(self.loop)
-            try:
-                self.loop.run_until_complete(setup())
-            except BaseException as exc:
-                failure.append(exc)
-                return
-            finally:
-                ready.set()
             self.loop.run_forever()
             self.loop.close()
 
         self._thread = threading.Thread(target=run, name="marl-runner-http", daemon=True)
         self._thread.start()
-        ready.wait()
-        if failure:
+        try:
+            asyncio.run_coroutine_threadsafe(self._setup(), self.loop).result()
+        except BaseException:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join()
             self._thread = None  # nothing runs: close() has no loop to ask
-            raise failure[0]
+            raise
+
+    async def _setup(self) -> None:
+        server = web.Server(
+            self._handle, keepalive_timeout=self.settings.idle_timeout_s,
+            lingering_time=LINGER_S, max_line_size=MAX_LINE_BYTES,
+            max_field_size=MAX_LINE_BYTES, access_log=None,
+        )
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._runner = web.ServerRunner(server, shutdown_timeout=self.settings.close_wait_s)
+        await self._runner.setup()
+        await web.SockSite(self._runner, self.sock, backlog=self.settings.backlog).start()
 
     def close(self, on_closed: Callable[[], None], wait_s: float | None = None) -> None:
         """Stops accepting (new requests: 503), waits up to `wait_s` (default `close_wait_s`)

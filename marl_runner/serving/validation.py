@@ -215,7 +215,8 @@ def filter_deltas_of(body: dict, policy_map: dict) -> dict[tuple[str, int], dict
         if not (isinstance(item, list) and len(item) == 3 and isinstance(item[2], dict)):
             raise RequestError(f"filter_deltas item {short(item)}: expected [policy_id, index, stats]")
         policy_id, index, stats = item
-        chain = policy_map[policy_id].agent_connectors if _is_key(policy_id, policy_map) else None
+        known = isinstance(policy_id, str) and policy_id in policy_map  # policy ids are strings
+        chain = policy_map[policy_id].agent_connectors if known else None
         if (
             chain is None or isinstance(index, bool) or not isinstance(index, int)
             or not 0 <= index < len(chain) or not hasattr(chain[index], "pop_delta")
@@ -252,13 +253,6 @@ def _agent_space(space_of: Callable[[Any], gym.Space], agent: Any, key: str) -> 
         return space_of(agent)
     except Exception:
         raise RequestError(f"{key}: unknown agent {short(agent)}") from None
-
-
-def _is_key(value: Any, mapping: dict) -> bool:
-    try:
-        return value in mapping
-    except TypeError:  # unhashable
-        return False
 
 
 def _kind(value: Any) -> str:
