@@ -107,6 +107,9 @@ class EpisodeBoard:
         self._finished: OrderedDict[Any, str] = OrderedDict()
         self._stopped: str | None = None
         self._id_counter = itertools.count()
+        # While `take_ready` waits for the other episodes' steps (batch_wait_s): how many it
+        # still waits for. A queued step wakes it only once that many came, not each time.
+        self._awaited: int | None = None
 
     # ------------------------------------------------------------------ client side
 
@@ -276,7 +279,9 @@ class EpisodeBoard:
                     remaining = batch_deadline - time.monotonic()
                     if remaining <= 0:
                         break
+                    self._awaited = len(self._by_slot) - len(self._in_flight) - len(ready)
                     self._data_ready.wait(remaining)
+                    self._awaited = None
                     ready = self._ready_slots()
             steps = {}
             for slot in ready:
@@ -388,6 +393,10 @@ class EpisodeBoard:
         episode.rewards = {}
         episode.sent_any = True
         episode.last_call = time.monotonic()
+        if self._awaited is not None:
+            self._awaited -= 1
+            if self._awaited > 0:
+                return  # the runner waits for more steps to batch with this one
         self._data_ready.notify_all()
 
     def _finish(self, episode: _Episode, how: str) -> None:
