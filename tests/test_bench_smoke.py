@@ -198,7 +198,7 @@ def test_all_includes_the_process_modes_but_not_the_soaks(monkeypatch) -> None:
 
 @pytest.mark.parametrize(("equal", "code"), [(True, 0), (False, 1)])
 def test_soak_serve_runs_alone_and_its_exit_code_says_if_anything_was_lost(
-    monkeypatch, tmp_path: Path, equal: bool, code: int
+    monkeypatch, capsys, tmp_path: Path, equal: bool, code: int
 ) -> None:
     from marl_runner.bench import soak_serve
 
@@ -212,6 +212,7 @@ def test_soak_serve_runs_alone_and_its_exit_code_says_if_anything_was_lost(
             "written": {"episodes": 3, "env_steps": 30, "batches": 3},
             "clients_finished": {"episodes": 3, "env_steps": 30},
             "clients_killed": 0, "hostile_answers": {}, "server_start": {}, "server_end": {},
+            "server_per_minute": [{"rss_mb": 1.0, "threads": 2, "open_files": 3}],
         }
 
     monkeypatch.setattr(soak_serve, "run_soak_serve", fake_run)
@@ -219,6 +220,9 @@ def test_soak_serve_runs_alone_and_its_exit_code_says_if_anything_was_lost(
     assert main(["--soak-serve", "0.5", "--seed", "4", "--output", str(out)]) == code
     assert seen["minutes"] == 0.5 and seen["seed"] == 4
     assert json.loads(out.read_text())["equal"] is equal
+    printed = capsys.readouterr().out
+    assert "server RSS MB after each minute: [1.0]" in printed
+    assert "server open files after each minute: [3]" in printed
 
 
 def test_process_round_times_table_shows_each_subprocess_sampler() -> None:

@@ -12,7 +12,8 @@ The report: episodes and env steps the clients finished (an `end_episode`
 answered, or in local mode an upload accepted) against those written (must
 be equal, each (episode, agent) with t = 0..n-1 exactly once), the hostile
 requests by answer status, the well-behaved clients' errors (must be 0), and
-the server's RSS, threads and open files at the start and the end.
+the server's RSS, threads and open files at the start, after each minute
+under load (flat once warm: growth there would be a leak) and at the end.
 """
 
 from __future__ import annotations
@@ -243,6 +244,7 @@ def run_soak_serve(
     hostile_stop = threading.Event()
     processes: list[Any] = []
     killed: list[Any] = []
+    per_minute: list[dict[str, Any]] = []  # the server's resources after each minute
     seeds = itertools.count()
     try:
         address = _address(server, lines)
@@ -268,8 +270,11 @@ def run_soak_serve(
         hostile_thread = threading.Thread(target=attacker.run, args=(hostile_stop,), daemon=True)
         if hostile:
             hostile_thread.start()
-        deadline = time.monotonic() + minutes * 60
+        began = time.monotonic()
+        deadline = began + minutes * 60
         while time.monotonic() < deadline:
+            if time.monotonic() >= began + 60 * (len(per_minute) + 1):
+                per_minute.append(_server_resources(server.pid))
             for i, process in enumerate(killers):
                 if not process.is_alive():
                     killed.append(process)
@@ -313,6 +318,7 @@ def run_soak_serve(
         "hostile_answers": dict(sorted(attacker.statuses.items())),
         "hostile_examples": dict(sorted(attacker.examples.items())),
         "server_start": start,
+        "server_per_minute": per_minute,
         "server_end": end,
         "table": _table_counts(output),
         "out_dir": str(out) if keep_out else None,
@@ -356,6 +362,9 @@ def print_soak_serve(report: dict[str, Any], write: Callable[[str], None] = prin
     write(f"  hostile answers: {report['hostile_answers']}")
     for moment in ("server_start", "server_end"):
         write(f"  {moment}: {report[moment]}")
+    minutes = report["server_per_minute"]
+    for name, key in (("RSS MB", "rss_mb"), ("threads", "threads"), ("open files", "open_files")):
+        write(f"  server {name} after each minute: {[m[key] for m in minutes]}")
 
 
 def main(argv: list[str] | None = None) -> int:
