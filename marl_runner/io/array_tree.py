@@ -52,6 +52,7 @@ MAX_DEPTH = 64  # JSON levels; real checkpoint headers need about 12
 _MAX_NDIM = 32
 _MAX_ARRAY_BYTES = 1 << 48  # any one array's declared extent; numpy's own limit is 2**63
 PREFIX_BYTES = _PREFIX.size
+_HEADER_JSON = json.JSONEncoder(separators=(",", ":"))  # made once: json.dumps makes one a call
 
 
 def pack(value: Any, arrays: list[np.ndarray], where: Any, error: type[Exception]) -> Any:
@@ -120,12 +121,13 @@ def encode_frame(
         )
         offset += array.nbytes
     try:
-        header_bytes = json.dumps({**header, "arrays": table}, separators=(",", ":")).encode()
+        header_bytes = _HEADER_JSON.encode({**header, "arrays": table}).encode()
     except (TypeError, ValueError) as err:
         raise error(f"cannot write {magic.decode(errors='replace')!r} frame: {err}") from None
+    # tobytes() writes any array's elements in C order, contiguous or not.
     return b"".join(
         [_PREFIX.pack(magic, version, len(header_bytes)), header_bytes]
-        + [np.ascontiguousarray(array).tobytes() for array in arrays]
+        + [array.tobytes() for array in arrays]
     )
 
 
