@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import hmac
 import logging
 import socket
@@ -46,6 +47,7 @@ ANSWER_HEAD_BYTES = 1024
 BODY_TOO_SHORT = "the body ended before its Content-Length"
 # A request line or header line longer than this gets 400.
 MAX_LINE_BYTES = 16 * 1024
+_NO_DEADLINE = contextlib.nullcontext()
 
 # Exception types a client re-raises as themselves (anything else: PolicyServerError).
 STATUS_OF: tuple[tuple[type[BaseException], HTTPStatus], ...] = (
@@ -318,7 +320,7 @@ class HttpEndpoint:
         if waits and request.headers.get("Expect", "").lower() == "100-continue":
             await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         try:
-            async with asyncio.timeout(self.settings.body_deadline_s(length) if waits else None):
+            async with _deadline(self.settings.body_deadline_s(length) if waits else None):
                 raw = await content.readexactly(length)
         except TimeoutError:
             self._missed_deadline(request)
@@ -342,7 +344,7 @@ class HttpEndpoint:
             <= transport.get_write_buffer_limits()[1]
         )
         try:
-            async with asyncio.timeout(None if fits else self.settings.body_deadline_s(len(payload))):
+            async with _deadline(None if fits else self.settings.body_deadline_s(len(payload))):
                 await response.prepare(request)
                 await response.write_eof()  # waits while the client leaves answers unread
         except TimeoutError:
@@ -355,6 +357,11 @@ class HttpEndpoint:
         peer = request.remote
         logger.info("closing the connection from %s: its request or answer missed its deadline "
                     "(%d so far)", peer, self.requests_timed_out)
+
+
+def _deadline(seconds: float | None) -> Any:
+    """`asyncio.timeout(seconds)`; with no deadline, nothing (a timer costs a request µs)."""
+    return _NO_DEADLINE if seconds is None else asyncio.timeout(seconds)
 
 
 async def _decode(raw: bytes, content_type: str) -> Any:

@@ -22,6 +22,7 @@ import urllib3
 from urllib3.connection import HTTPConnection
 from urllib3.exceptions import HTTPError, MaxRetryError
 from urllib3.exceptions import TimeoutError as Urllib3Timeout
+from urllib3.util import SKIP_HEADER
 
 from marl_runner.serving import codec
 
@@ -144,8 +145,11 @@ class HttpTransport:
         policy = {"total": retries, "backoff_factor": backoff_s, "allowed_methods": None,
                   "raise_on_status": False, "retry_after_max": MAX_RETRY_AFTER_S}
         self._retries = {"GET": urllib3.Retry(**policy), "POST": urllib3.Retry(**policy, read=False)}
-        # A POST's answer comes in its body's codec; a GET asks for one with Accept.
+        # A POST's answer comes in its body's codec; a GET asks for one with Accept. No
+        # User-Agent or Accept-Encoding (urllib3 and http.client would add them): the server
+        # reads neither, and each header costs both sides parsing.
         auth = {"Authorization": f"Bearer {token}"} if token else {}
+        auth.update({"User-Agent": SKIP_HEADER, "Accept-Encoding": SKIP_HEADER})
         self._headers = {"POST": {"Content-Type": content_type, **auth},
                          "GET": {"Accept": content_type, **auth}}
         self._pool_args = (parts.hostname, parts.port, urllib3.Timeout(timeout_s, timeout_s))

@@ -70,9 +70,11 @@ def space_array(space: gym.Space, value: Any, where: str, *, rows: int | None = 
     outside = (array < low) | (array > high)
     if outside.any():  # the space's repr is built only for the message
         refuse_first(outside, array, where, f", outside {space}")
+    if array.dtype == target:
+        return array
     with np.errstate(over="ignore"):  # an overflow is refused just below
-        converted = array.astype(target, copy=False)
-    if target.kind == "f" and converted.dtype != array.dtype:
+        converted = array.astype(target)
+    if target.kind == "f":
         refuse_first(~np.isfinite(converted), array, where, f", too large for {target}")
     return converted
 
