@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 import math
 import os
+import queue
 import signal
 import threading
 import time
@@ -320,7 +321,10 @@ def _stop_serving(runner: Any, server: Any, writer: _Writer, workers: list) -> N
         stop_workers(workers)
         server.close()  # no new requests; the uploads already answered are queued
         runner.stop()
-        server.drain_uploads(writer)
+        try:
+            server.drain_uploads(writer)
+        finally:
+            writer.close()  # every batch handed over is on disk
 
 
 def _written_metrics(metrics: dict[str, Any], writer: _Writer) -> dict[str, Any]:
@@ -394,7 +398,7 @@ class _Writer:
     Episodes are counted from the batches written (one per finished
     episode, uploads included), faulty ones from the runner's records, so
     the progress line, the `--episodes` target and the final table all
-    count what `--out` holds.
+    count what `--out` holds (`close()` waits for the files still queued).
     """
 
     def __init__(
@@ -411,7 +415,8 @@ class _Writer:
         from marl_runner.metrics import RolloutMetrics
 
         self._batch_type, self._metrics_type = MultiAgentBatch, RolloutMetrics
-        self.counts, self.progress, self.files = counts, progress, files
+        self.counts, self.progress = counts, progress
+        self.files = None if files is None else _FilesInBackground(files)
         self.stop, self.unit, self.target = stop, unit, target
         self.run_metrics = run_metrics
         self.reward_sum = 0.0
@@ -437,6 +442,11 @@ class _Writer:
         if self.target is not None and getattr(counts, self.unit) >= self.target:
             self.stop.set()
 
+    def close(self) -> None:
+        """Waits until every batch handed over is written; raises a write's error."""
+        if self.files is not None:
+            self.files.close()
+
     def _add_rewards(self, batch: Any) -> None:
         """Reward sums for the table's means (numeric columns only: uploads are checked
         by the server, but a summary must never be what stops it)."""
@@ -450,6 +460,46 @@ class _Writer:
             eps_ids = policy_batch.get("eps_id")
             episodes = 0 if eps_ids is None else len(np.unique(eps_ids))
             self.policy_episodes[pid] = self.policy_episodes.get(pid, 0) + episodes
+
+
+class _FilesInBackground:
+    """`BatchFileWriter.write` on a thread of its own, in order, so that the sampling loop
+    runs the next forward pass while a file is written and fsynced (a stall of a millisecond
+    or more for every waiting client otherwise). Parquet batches are written at the call:
+    their metadata is read from the runner, which only the sampling loop may touch.
+
+    The first error is raised by the next `write` (or `close`); nothing is written after it.
+    """
+
+    def __init__(self, files: BatchFileWriter) -> None:
+        self._files = files
+        self._queue: queue.Queue = queue.Queue(maxsize=64)  # a slow disk holds the loop back
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="batch-files", daemon=True)
+        self._thread.start()
+
+    def write(self, batch: Any, index: int) -> None:
+        if self._error is not None:
+            raise self._error
+        if self._files.file_format == "parquet":
+            self._files.write(batch, index)
+        else:
+            self._queue.put((batch, index))
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            if self._error is None:
+                try:
+                    self._files.write(*item)
+                except BaseException as exc:
+                    self._error = exc
 
 
 class _ServeLines(ProgressReporter):
