@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections import defaultdict
 from time import perf_counter
 from typing import Any, NamedTuple
-
-import numpy as np
 
 # How many fault messages ``get_metrics()["faults"]`` keeps (the most recent).
 MAX_REPORTED_FAULTS = 10
@@ -117,13 +116,23 @@ class StepTimer:
 
 
 class MetricsCollector:
-    """Accumulates episode records and step counts between ``get_metrics()`` calls."""
+    """Adds up episode records and step counts between ``get_metrics()`` calls.
+
+    Records are folded into sums as they come, not kept: a server or a long
+    run that nobody asks for metrics (no metrics log) stays at constant memory.
+    """
 
     def __init__(self) -> None:
         self._reset()
 
     def _reset(self) -> None:
-        self.episodes: list[RolloutMetrics] = []
+        self.num_episodes = 0  # good ones; faulty ones are counted apart
+        self.num_faulty_episodes = 0
+        self._reward_sum = self._length_sum = 0.0
+        self._reward_min, self._reward_max = math.inf, -math.inf
+        # name -> [sum, count]: a policy's reward per episode it took part in; custom metrics.
+        self._policy_rewards: dict[str, list[float]] = {}
+        self._custom: dict[str, list[float]] = {}
         self.num_env_steps = 0
         self.num_agent_steps = 0
         self.num_late_rewards = 0
@@ -132,9 +141,25 @@ class MetricsCollector:
         self.since = time.perf_counter()
 
     def add_episode(self, record: RolloutMetrics, num_late_rewards: int = 0) -> None:
-        """Keeps one episode's record until the next ``summary``."""
-        self.episodes.append(record)
+        """Adds one episode's record to the sums of the next ``summary``."""
         self.num_late_rewards += num_late_rewards
+        if record.episode_faulty:
+            self.num_faulty_episodes += 1
+            return
+        self.num_episodes += 1
+        reward = record.episode_reward
+        self._reward_sum += reward
+        self._reward_min = min(self._reward_min, reward)
+        self._reward_max = max(self._reward_max, reward)
+        self._length_sum += record.episode_length
+        per_policy: dict[str, float] = defaultdict(float)
+        for (_agent, policy_id), agent_reward in record.agent_rewards.items():
+            per_policy[policy_id] += agent_reward
+        for sums, items in ((self._policy_rewards, per_policy), (self._custom, record.custom_metrics)):
+            for name, value in items.items():
+                entry = sums.setdefault(name, [0.0, 0])
+                entry[0] += value
+                entry[1] += 1
 
     def add_fault(self, env_id: int, error: BaseException) -> None:
         """Why a sub-env's episode was dropped; the last few are reported."""
@@ -144,26 +169,17 @@ class MetricsCollector:
     def summary(self, perf: dict[str, float], connector_metrics: dict) -> dict[str, Any]:
         """The metrics since the last call; resets the counters."""
         elapsed = max(time.perf_counter() - self.since, 1e-9)
-        good = [e for e in self.episodes if not e.episode_faulty]
-        policy_rewards: dict[str, list[float]] = defaultdict(list)
-        custom: dict[str, list[float]] = defaultdict(list)
-        for episode in good:
-            per_policy: dict[str, float] = defaultdict(float)
-            for (_agent, policy_id), reward in episode.agent_rewards.items():
-                per_policy[policy_id] += reward
-            for policy_id, reward in per_policy.items():
-                policy_rewards[policy_id].append(reward)
-            for name, value in episode.custom_metrics.items():
-                custom[name].append(value)
+        episodes = self.num_episodes
+        nan = float("nan")
         metrics = {
-            "episodes": len(good),
-            "episode_reward_mean": _mean([e.episode_reward for e in good]),
-            "episode_reward_min": _min([e.episode_reward for e in good]),
-            "episode_reward_max": _max([e.episode_reward for e in good]),
-            "episode_len_mean": _mean([e.episode_length for e in good]),
-            "policy_reward_mean": {p: float(np.mean(r)) for p, r in policy_rewards.items()},
-            "custom_metrics": {k: float(np.mean(v)) for k, v in custom.items()},
-            "num_faulty_episodes": len(self.episodes) - len(good),
+            "episodes": episodes,
+            "episode_reward_mean": self._reward_sum / episodes if episodes else nan,
+            "episode_reward_min": float(self._reward_min) if episodes else nan,
+            "episode_reward_max": float(self._reward_max) if episodes else nan,
+            "episode_len_mean": self._length_sum / episodes if episodes else nan,
+            "policy_reward_mean": {p: float(s / n) for p, (s, n) in self._policy_rewards.items()},
+            "custom_metrics": {k: float(s / n) for k, (s, n) in self._custom.items()},
+            "num_faulty_episodes": self.num_faulty_episodes,
             "num_late_rewards": self.num_late_rewards,
             "num_sub_env_restarts": self.num_sub_env_restarts,
             "faults": list(self.faults),
@@ -176,15 +192,3 @@ class MetricsCollector:
         }
         self._reset()
         return metrics
-
-
-def _mean(values: list[float]) -> float:
-    return float(np.mean(values)) if values else float("nan")
-
-
-def _min(values: list[float]) -> float:
-    return float(np.min(values)) if values else float("nan")
-
-
-def _max(values: list[float]) -> float:
-    return float(np.max(values)) if values else float("nan")
