@@ -10,33 +10,23 @@ client.end_episode(eid, {"a0": last_obs})
 ```
 
 `inference_mode="remote"`: one HTTP request per env step; the server's
-runner batches concurrent `get_action` requests into one forward pass.
-`log_returns` on an episode this client has open (it started it, or a
-`get_action`/`log_action` on it succeeded, and it has not ended it) sends
-nothing: its values are checked at the call by the server's own checks, on
-the server's spaces (`GET /v1/info`, fetched once), then queued; the
-episode's next `get_action`, `log_action` or `end_episode` carries them
-(`"returns": [[rewards, infos], ...]`, applied in order before the call).
-So a bad reward or info raises `ValueError` at `log_returns` and nothing
-queued is lost. A `log_returns` on any other episode id is sent at once, as
-its own request, so an unknown or finished one raises at the call.
+runner batches concurrent `get_action` requests into one forward pass. A
+`log_returns` on an episode this client has open (started or stepped here,
+not ended) is checked at the call by the server's own checks (on its spaces,
+from `GET /v1/info`) and queued: the episode's next call carries it
+(`"returns"`), so a bad value raises at `log_returns` and nothing queued is
+lost. Any other episode id is sent at once, so an unknown or finished one
+raises at the call. Carried rewards are applied at most once: a call the
+server refused, or never got, puts them back for the next call; one that may
+have reached it drops them. `close()` sends what is still queued.
 
-Carried rewards are applied at most once. The transport sends a request
-again only when the server did nothing with it (see `transport`); a call the
-server answered with an error applied nothing, so its rewards go back to the
-front of the queue for the episode's next call; a call that failed after its
-request was sent (`PolicyServerUnavailable`) may have been applied, so its
-rewards are dropped, never sent twice. `close()` sends what is still queued.
+`inference_mode="local"`: the policies and connectors run here and only
+experience batches go to the server (`local_inference`); every value a call
+takes is checked at the call by the server's own checks, so a bad one raises
+there and nothing already logged is lost.
 
-`inference_mode="local"`: the policies and connectors run here (an EnvRunner
-over an in-client external env), weights and connector state are pulled every
-`update_interval_s`, and only experience batches go to the server; every
-value a call takes is checked at the call by the server's own checks
-(`validation.CallValues`), so one the server would refuse raises
-`ValueError` there and nothing already logged is lost. Thread-safe in both
-modes; bodies use the safe binary codec (never pickle). An unknown or
-finished episode id raises `ValueError`, as in-process.
-
+Both modes are thread-safe and use the safe binary codec (never pickle); an
+unknown or finished episode id raises `ValueError`, as in-process.
 Connection failures and retries: `marl_runner.serving.transport`.
 """
 
