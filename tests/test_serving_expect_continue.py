@@ -85,12 +85,12 @@ def test_a_request_after_closing_began_gets_503_instead_of_100_continue():
     with served(token=TOKEN) as handle:
         address = handle.server.server_address_tuple()
         with socket.create_connection(address, timeout=5) as sock, sock.makefile("rb") as reader:
-            handle.server._http.closing = True  # as `close()` begins: every new request gets 503
+            handle.server.closing = True  # as `close()` begins: every new request gets 503
             try:
                 send_head(sock)
                 line, headers, _ = read_response(reader)
             finally:
-                handle.server._http.closing = False
+                handle.server.closing = False
             assert line.startswith("HTTP/1.1 503 "), line
             assert headers["connection"] == "close"
             assert reader.read() == b""

@@ -246,7 +246,7 @@ def test_requests_over_the_concurrency_limit_get_503_with_retry_after():
         waiting: list = []  # waits for the only slot: the only request handled at once
         thread = threading.Thread(target=lambda: waiting.append(handle.post_json("start_episode", {})))
         thread.start()
-        wait_for(lambda: handle.server._http._in_progress == 1)
+        wait_for(lambda: handle.server._in_progress == 1)
         host, port = handle.server.server_address_tuple()
         connection = http.client.HTTPConnection(host, port, timeout=30)
         connection.request("GET", "/v1/health")

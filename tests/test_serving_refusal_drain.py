@@ -47,12 +47,12 @@ def test_an_uninvited_body_sent_anyway_still_reads_the_503_of_a_closing_server(a
     with served(token=TOKEN) as handle:
         address = handle.server.server_address_tuple()
         with socket.create_connection(address, timeout=10) as sock, sock.makefile("rb") as reader:
-            handle.server._http.closing = True  # as `close()` begins: every new request gets 503
+            handle.server.closing = True  # as `close()` begins: every new request gets 503
             try:
                 send_head(sock, length=BIG)
                 line, headers, body = send_body_anyway(sock, reader, at_once)
             finally:
-                handle.server._http.closing = False
+                handle.server.closing = False
             assert line.startswith("HTTP/1.1 503 "), (line, body)
             assert json.loads(body)["type"] == "ExternalEnvStopped"
             assert headers["connection"] == "close"

@@ -73,7 +73,7 @@ def test_a_stopping_server_reads_no_body_of_an_unauthorized_request(monkeypatch,
         # A long idle timeout: reading the body that never comes would outlast the client's wait.
         server = PolicyServer(runner, "127.0.0.1", 0, token="secret", idle_timeout_s=60).start()
         try:
-            server._http.closing = True  # as once close() began: every request gets 503
+            server.closing = True  # as once close() began: every request gets 503
             host, port = server.server_address_tuple()
             connection = http.client.HTTPConnection(host, port, timeout=10)
             connection.putrequest("POST", "/v1/experiences")

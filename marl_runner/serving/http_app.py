@@ -27,7 +27,7 @@ import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Any
+from typing import Any, Self
 
 from aiohttp import web
 
@@ -112,9 +112,7 @@ class HttpEndpoint:
 
     `routes[(method, name)]` is a coroutine function taking the decoded body
     (None for a GET) and returning the answer's value (`bytes` when already
-    encoded). `start()` serves `sock` (bound already); `close()` stops
-    accepting, answers new requests 503, waits up to `close_wait_s` for those
-    in progress, then calls `on_closed` (on the loop) and ends every connection.
+    encoded). `start()` serves `sock` (bound already).
     """
 
     def __init__(
@@ -128,8 +126,10 @@ class HttpEndpoint:
         self.settings = settings
         self.token = token
         self.sock = sock
-        self.closing = False  # new requests get 503 (set as close() begins)
+        # Whether closing has begun: every request from then on is answered 503.
+        self.closing = False
         self._close_began = False
+        # Requests, or answers left unread, that missed their deadline (408 where possible).
         self.requests_timed_out = 0
         self.loop = asyncio.new_event_loop()
         # Blocking calls (a slot to free, the runner's weights) wait here, not on the loop.
@@ -137,11 +137,11 @@ class HttpEndpoint:
             settings.max_concurrency, thread_name_prefix="marl-runner-call"))
         self._in_progress = 0
         self._idle: asyncio.Event | None = None
-        self._runner: web.ServerRunner | None = None
+        self._web_runner: web.ServerRunner | None = None
         self._thread: threading.Thread | None = None
 
-    def start(self) -> None:
-        """Starts the event loop thread and begins accepting connections."""
+    def start(self) -> Self:
+        """Starts the event loop thread and begins accepting connections; returns `self`."""
 
         def run() -> None:
             asyncio.set_event_loop(self.loop)
@@ -155,8 +155,9 @@ class HttpEndpoint:
         except BaseException:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join()
-            self._thread = None  # nothing runs: close() has no loop to ask
+            self._thread = None  # nothing runs: stop_serving() has no loop to ask
             raise
+        return self
 
     async def _setup(self) -> None:
         server = web.Server(
@@ -166,11 +167,11 @@ class HttpEndpoint:
         )
         self._idle = asyncio.Event()
         self._idle.set()
-        self._runner = web.ServerRunner(server, shutdown_timeout=self.settings.close_wait_s)
-        await self._runner.setup()
-        await web.SockSite(self._runner, self.sock, backlog=self.settings.backlog).start()
+        self._web_runner = web.ServerRunner(server, shutdown_timeout=self.settings.close_wait_s)
+        await self._web_runner.setup()
+        await web.SockSite(self._web_runner, self.sock, backlog=self.settings.backlog).start()
 
-    def close(self, on_closed: Callable[[], None], wait_s: float | None = None) -> None:
+    def stop_serving(self, on_closed: Callable[[], None], wait_s: float | None = None) -> None:
         """Stops accepting (new requests: 503), waits up to `wait_s` (default `close_wait_s`)
         for the requests in progress, calls `on_closed` and closes idle connections. Requests
         still running finish in the background (aiohttp's graceful shutdown, `close_wait_s`
@@ -185,8 +186,8 @@ class HttpEndpoint:
             return
 
         async def shutdown() -> None:
-            assert self._runner is not None and self._idle is not None
-            for site in list(self._runner.sites):
+            assert self._web_runner is not None and self._idle is not None
+            for site in list(self._web_runner.sites):
                 await site.stop()
             try:
                 await asyncio.wait_for(self._idle.wait(), wait_s)
@@ -200,9 +201,9 @@ class HttpEndpoint:
 
     async def _finish(self) -> None:
         """Ends every connection once the requests still running are answered, then the loop."""
-        assert self._runner is not None
+        assert self._web_runner is not None
         try:
-            await self._runner.cleanup()
+            await self._web_runner.cleanup()
             await self.loop.shutdown_default_executor()
         finally:
             self.loop.stop()

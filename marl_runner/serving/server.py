@@ -1,14 +1,9 @@
-"""`PolicyServer`: an EnvRunner with `vectorize: external` behind an HTTP endpoint.
+"""`PolicyServer`: an EnvRunner with `vectorize: external` behind the HTTP API.
 
-Each request is one of the five external-env calls, or, for local-inference
-clients, a download of the spaces and config or of the weights and
-connector state, or an upload of experience batches. The HTTP side is
-aiohttp's server (`http_app`); bodies use `codec` (never pickle); every value
-is checked (`validation`, `batches`) before it reaches the env, so a bad
-request costs a 4xx, never the server. A `get_action` waits on the event
-loop, not in a thread: the runner's poll takes every request queued (up to
-`remote_env_batch_wait_ms` for the other episodes) into one forward pass, in
-the sampling loop's thread. Closing loses nothing answered 200 (`close()`).
+Every value is checked (`validation`, `batches`) before it reaches the env,
+so a bad request costs a 4xx, never the server. A `get_action` waits on the
+event loop, not in a thread, and the runner's poll takes every request queued
+into one forward pass, in the sampling loop's thread.
 """
 
 from __future__ import annotations
@@ -64,29 +59,20 @@ def listening_socket(host: str, port: int, *, reuse_port: bool = False) -> socke
     return socket.create_server((host, port), family=family, reuse_port=reuse_port)
 
 
-class PolicyServer:
+class PolicyServer(HttpEndpoint):
     """Serves `runner` (built with `vectorize: external`) on `host:port`.
 
-    `start()` opens the HTTP endpoint (an event loop in a background
-    thread); `serve(stop, on_output)` runs the sampling loop in the calling
-    thread until `stop` is set, handing every built batch, every batch
-    uploaded by a local-inference client, and every episode's
-    `RolloutMetrics` to `on_output`. `close()` stops the endpoint once the
-    requests in progress are answered; then `drain_uploads` hands over every
-    upload that was answered 200. `runner.stop()` unblocks clients still
-    waiting.
+    `start()` opens the endpoint; `serve(stop, on_output)` runs the sampling
+    loop in the calling thread, handing every built or uploaded batch and
+    every episode's `RolloutMetrics` to `on_output`; `close()` stops the
+    endpoint, after which `drain_uploads` hands over every upload answered 200.
 
-    Binding anything but a loopback address needs `token`: clients then send
-    `Authorization: Bearer <token>` or get 401. A token on loopback is
-    enforced too.
-
-    `max_concurrency` requests are handled at once (default:
-    `MIN_CONCURRENCY`, or 2 * num_envs + 16 when that is more, so every
-    episode slot can have a waiting caller); the other settings are
-    `HttpSettings`'. `sock`: a socket already bound (e.g. shared by worker
-    processes), instead of binding `host:port`. `local_only`: remote-inference
-    calls get 501 (`serve --workers N`: see `workers`); `upstream`: a worker's
-    link to the main process, which queues its uploads and runs its weight syncs.
+    A non-loopback `host` needs `token` (clients send `Authorization: Bearer
+    <token>`); a token on loopback is enforced too. `max_concurrency`
+    defaults to enough for every episode slot to have a waiting caller; the
+    other settings are `HttpSettings`'. `sock`: a socket already bound (shared
+    by worker processes). `local_only`: remote-inference calls get 501;
+    `upstream`: a worker's link to the main process (see `workers`).
     """
 
     def __init__(
@@ -117,13 +103,11 @@ class PolicyServer:
         self.env = runner.env.env
         self.board = runner.env.board
         self.values = CallValues(self.env)
-        self.token = token or None
         self.state_sync = StateSync()
         self.uploads: queue.SimpleQueue = queue.SimpleQueue()
         self.num_uploaded = 0
         if max_concurrency is None:
             max_concurrency = max(MIN_CONCURRENCY, 2 * runner.env.num_envs + 16)
-        self.settings = HttpSettings(max_body_bytes, max_concurrency, **settings)
         self.upstream = upstream
         routes = {("POST", name): getattr(self, f"_{name}") for name in POST_CALLS}
         if local_only:
@@ -131,20 +115,11 @@ class PolicyServer:
         routes.update({("GET", name): getattr(self, f"_{name}") for name in GET_CALLS})
         sock = sock if sock is not None else listening_socket(host, port)
         self._bound: tuple[str, int] = sock.getsockname()[:2]
-        self._http = HttpEndpoint(routes, self.settings, self.token, sock)
-        self._answers = Handoff(self._http.loop)
+        settings = HttpSettings(max_body_bytes, max_concurrency, **settings)
+        super().__init__(routes, settings, token or None, sock)
+        self._handoff = Handoff(self.loop)
         self._uploads_lock = threading.Lock()
         self._uploads_open = True
-
-    @property
-    def closing(self) -> bool:
-        """Whether `close()` has begun: every request from then on is answered 503."""
-        return self._http.closing
-
-    @property
-    def requests_timed_out(self) -> int:
-        """Requests, or answers left unread, that missed their deadline (408 where possible)."""
-        return self._http.requests_timed_out
 
     @property
     def address(self) -> str:
@@ -156,11 +131,6 @@ class PolicyServer:
         """`(host, port)` actually bound (port 0 asks the OS for a free one)."""
         return self._bound
 
-    def start(self) -> PolicyServer:
-        """Serves HTTP requests from a background thread; returns `self`."""
-        self._http.start()
-        return self
-
     def serve(self, stop: threading.Event, on_output: Callable[[Any], None]) -> None:
         """The sampling loop: runner steps, uploaded batches, weight snapshots, until `stop`."""
         runner = self.runner
@@ -171,11 +141,8 @@ class PolicyServer:
             self.state_sync.refresh(runner)
 
     def drain_uploads(self, on_output: Callable[[Any], None]) -> None:
-        """Hands the batches uploaded since the last call to `on_output`, in the caller's thread.
-
-        Uploads are checked in the request's thread but written by the
-        sampling loop, so one writer owns `--out`.
-        """
+        """Hands the batches uploaded since the last call to `on_output`, in the caller's
+        thread: the sampling loop's, so one writer owns `--out`."""
         while True:
             try:
                 batch = self.uploads.get_nowait()
@@ -185,18 +152,12 @@ class PolicyServer:
             on_output(batch)
 
     def close(self, timeout_s: float | None = None) -> None:
-        """Stops the endpoint without losing an answered request.
-
-        New connections are no longer accepted and any new request, on a
-        connection already open too, gets 503 with `Connection: close`. The
-        requests in progress get up to `timeout_s` (default: the settings'
-        `close_wait_s`) to be answered; uploads
-        still running after that are refused (503), so that `drain_uploads()`
-        called after `close()` sees every upload that was answered 200.
-        Weight syncs still waiting get 503: no sampling loop will answer them.
-        """
+        """Stops the endpoint without losing an answered request: new requests get 503, those
+        in progress get up to `timeout_s` (default `close_wait_s`); uploads still running then
+        are refused, so `drain_uploads()` after this sees every upload answered 200. Weight
+        syncs still waiting get 503: no sampling loop will answer them."""
         self.state_sync.stop(STOPPING_MESSAGE)
-        self._http.close(self._close_uploads, timeout_s)
+        self.stop_serving(self._close_uploads, timeout_s)
 
     def _close_uploads(self) -> None:
         with self._uploads_lock:
@@ -223,8 +184,8 @@ class PolicyServer:
         episode_id = episode_id_of(_object(body))
         obs = self.values.obs(body.get("obs"))
         self._log_returns_of(episode_id, self.values.returns(body.get("returns")))
-        answer = self._answers.loop.create_future()
-        self.board.request_action(episode_id, obs, functools.partial(self._answers.settle, answer))
+        answer = self.loop.create_future()
+        self.board.request_action(episode_id, obs, functools.partial(self._handoff.settle, answer))
         return {"actions": await answer}
 
     async def _log_action(self, body: dict) -> dict:
