@@ -1,11 +1,8 @@
 """Experience batches sent by local-inference clients: to and from codec values.
 
-An uploaded batch is written to `--out` next to the server's own and counts
-towards `--steps`, so it gets the same checks as a request: known policies,
-file-name-safe column names, numeric columns (but `agent_id`: short
-strings), observations and actions inside the policy's spaces, finite
-rewards, JSON-safe infos. Its env steps are counted from its rows, never
-taken from the client.
+An upload is written to `--out` beside the server's own batches and counts
+towards `--steps`, so every column is checked as a request's values are,
+and its env steps are counted from its rows, never taken from the client.
 """
 
 from __future__ import annotations

@@ -9,25 +9,17 @@ client.log_returns(eid, {"a0": 1.0})
 client.end_episode(eid, {"a0": last_obs})
 ```
 
-`inference_mode="remote"`: one HTTP request per env step; the server's
-runner batches concurrent `get_action` requests into one forward pass. A
-`log_returns` on an episode this client has open (started or stepped here,
-not ended) is checked at the call by the server's own checks (on its spaces,
-from `GET /v1/info`) and queued: the episode's next call carries it
-(`"returns"`), so a bad value raises at `log_returns` and nothing queued is
-lost. Any other episode id is sent at once, so an unknown or finished one
-raises at the call. Carried rewards are applied at most once: a call the
-server refused, or never got, puts them back for the next call; one that may
-have reached it drops them. `close()` sends what is still queued.
+`inference_mode="remote"`: one HTTP request per env step. A `log_returns` on
+an episode open here is checked at the call, by the server's own checks, and
+carried by the episode's next call (`"returns"`), so a bad value raises where
+it was given. Carried rewards are applied at most once: a call the server
+refused or never got puts them back; one that may have reached it drops them.
 
-`inference_mode="local"`: the policies and connectors run here and only
-experience batches go to the server (`local_inference`); every value a call
-takes is checked at the call by the server's own checks, so a bad one raises
-there and nothing already logged is lost.
+`inference_mode="local"`: policies and connectors run here, only experience
+goes to the server (`local_inference`); every value is checked at the call.
 
-Both modes are thread-safe and use the safe binary codec (never pickle); an
-unknown or finished episode id raises `ValueError`, as in-process.
-Connection failures and retries: `marl_runner.serving.transport`.
+Both modes are thread-safe and never pickle; an unknown or finished episode
+id raises `ValueError`, as in-process.
 """
 
 from __future__ import annotations
@@ -48,9 +40,8 @@ from marl_runner.serving.transport import (
 __all__ = ["PolicyClient", "PolicyServerError", "PolicyServerUnavailable"]
 
 INFERENCE_MODES = ("remote", "local")
-# Open episodes a remote-mode client keeps a queue for; past this, the oldest with nothing
-# queued is forgotten (an episode abandoned without end_episode must not be kept forever):
-# its log_returns calls are then sent at once, until its next call opens it again.
+# Open episodes a remote-mode client keeps a queue for; past this, the oldest idle one is
+# forgotten (one abandoned must not be kept forever): its log_returns are then sent at once.
 MAX_OPEN_EPISODES = 10_000
 
 
@@ -103,10 +94,8 @@ class PolicyClient:
             self._local = LocalInference(self._transport, update_interval_s)
 
     def start_episode(self, episode_id: str | None = None, training_enabled: bool = True) -> str:
-        """Opens an episode (waiting for a free slot) and returns its id, new when None.
-
-        `training_enabled=False`: played as usual, but none of its rows are written.
-        """
+        """Opens an episode (waiting for a free slot) and returns its id, new when None;
+        `training_enabled=False`: played as usual, but none of its rows are written."""
         if self._local is not None:
             return self._local.env.start_episode(episode_id, training_enabled)
         body: dict[str, Any] = {"training_enabled": training_enabled}
@@ -131,11 +120,8 @@ class PolicyClient:
         self._step("log_action", {"episode_id": episode_id, "obs": obs, "actions": actions})
 
     def log_returns(self, episode_id: str, rewards: dict, infos: dict | None = None) -> None:
-        """Adds rewards (and infos) for the agents' last actions, summed until the next step.
-
-        "remote" mode, an episode this client has open: checked here and sent
-        with the episode's next call (see the module docstring).
-        """
+        """Adds rewards (and infos) for the agents' last actions, summed until the next step
+        ("remote", an episode open here: checked now, sent with its next call)."""
         if self._local is not None:
             values = self._local.values
             self._local.env.log_returns(episode_id, values.rewards(rewards), values.infos(infos))
@@ -154,11 +140,8 @@ class PolicyClient:
         self._transport.post("log_returns", {"episode_id": episode_id, "rewards": rewards, "infos": infos})
 
     def end_episode(self, episode_id: str, obs: dict, truncated: bool = False) -> None:
-        """Ends the episode with its final obs; `truncated=True` for a time limit.
-
-        In "local" mode the finished episode is uploaded in the background,
-        and `close()` waits until it is.
-        """
+        """Ends the episode with its final obs; `truncated=True` for a time limit ("local":
+        uploaded in the background; `close()` waits until it is)."""
         if self._local is not None:
             obs = self._local.values.obs(obs, allow_empty=True)
             self._local.env.end_episode(episode_id, obs, truncated)
@@ -167,8 +150,7 @@ class PolicyClient:
                    ends=True)
 
     def health(self) -> dict:
-        """The server's `GET /v1/health` (`{"ok": true, "running_episodes": N, "process": PID}`);
-        retried."""
+        """The server's `GET /v1/health`: `{"ok": true, "running_episodes": N, "process": PID}`."""
         return self._transport.get("health")
 
     @property
@@ -182,14 +164,9 @@ class PolicyClient:
         return None if self._local is None else self._local.runner
 
     def close(self) -> None:
-        """Closes connections; "local" mode first uploads every episode ended so far, "remote"
-        mode first sends the rewards still queued (one `log_returns` request each).
-
-        Episodes still running in "local" mode are abandoned (never uploaded).
-        Raises the upload's error if an episode could not be sent, or the first
-        error of the queued rewards' requests (after a `ValueError` the others are
-        still sent; after any other error they are dropped).
-        """
+        """Closes connections, after uploading every episode ended so far ("local": those still
+        running are never uploaded) or sending the rewards still queued ("remote"). Raises the
+        first error (after a `ValueError` the other queued rewards are still sent)."""
         if self._local is not None:
             self._local.close()
             self._transport.close()
@@ -254,8 +231,7 @@ class PolicyClient:
             self._queued[episode_id] = [[], {}]
 
     def _put_back(self, episode_id: str, pairs: list, *, reopen: bool) -> None:
-        """A refused call's pairs, ahead of those logged since (`reopen`: the call was to end
-        the episode, which is open again)."""
+        """A refused call's pairs, ahead of those logged since (`reopen`: it was to end the episode)."""
         with self._lock:
             if not reopen and episode_id not in self._queued:
                 return  # ended meanwhile by another thread

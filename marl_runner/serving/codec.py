@@ -1,17 +1,11 @@
-"""Request/response bodies: the project's binary array format, or plain JSON.
+"""Request/response bodies: the project's binary array format, or plain JSON. Never pickle.
 
-Nothing here ever unpickles. A binary body (`application/x-marl-runner`) is a
-frame of `marl_runner.io.array_tree`, the format checkpoints use too, with
-magic ``b"MARLBODY"`` and a header ``{"tree": T, "arrays": [...]}``: arrays
-come back as numeric arrays of the dtype and shape they were sent with,
-tuples as tuples, and dicts keep integer keys (agent ids). Every entry is
-checked before anything is allocated, and an array may be referenced once. A
-malformed or hostile body raises `CodecError` (a `ValueError`), which the
-server answers with a 400.
-
-JSON body (`application/json`): the same values with arrays as nested lists,
-for clients in other languages; the server converts observations and actions
-to their spaces' dtypes.
+A binary body (`application/x-marl-runner`) is a frame of
+`marl_runner.io.array_tree`, the format checkpoints use, with magic
+``b"MARLBODY"``: arrays come back with their dtype and shape, tuples as
+tuples, dicts keep integer keys; everything is checked before anything is
+allocated. A JSON body carries arrays as nested lists, for clients in other
+languages. A malformed body raises `CodecError` (a `ValueError`: 400).
 """
 
 from __future__ import annotations

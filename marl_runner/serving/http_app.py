@@ -1,18 +1,11 @@
-"""The HTTP side of `PolicyServer`, on aiohttp's server: one request in, one API call, one answer.
+"""The HTTP side of `PolicyServer` on aiohttp's server: one request, one API call, one answer.
 
-aiohttp does the connections (an event loop, no thread per connection), the
-HTTP/1.1 parsing, keep-alive, the listen backlog and graceful shutdown. This
-module adds what a policy server must refuse before it reads a body, the
-deadlines that cut off a client dripping its request, and the mapping from
-exceptions to statuses (`STATUS_OF`), with `{"error", "type"}` in the body so
-the client can re-raise them. Nothing a client sends can stop the server.
-
-Refused before a byte of the body is read: a request after closing began
-(503), one over the concurrency limit (503 with `Retry-After`), a missing
-token (401), a path or method with no endpoint (404, 405), an unknown content
-type (415), a chunked, unframed or oversized body (411, 413), a GET with a
-body (400). A client that sent `Expect: 100-continue` gets "100 Continue"
-only once its request passed all of these.
+aiohttp does the connections, parsing, keep-alive, backlog and graceful
+shutdown. Added here: what must be refused before a body is read (closing,
+concurrency, token, endpoint, content type, framing, size; docs/SERVING.md
+lists the statuses), the deadlines that cut off a client dripping its
+request, and exceptions mapped to statuses with `{"error", "type"}` bodies
+that the client re-raises.
 """
 
 from __future__ import annotations
@@ -71,14 +64,11 @@ class HTTPStatusError(Exception):
 class HttpSettings:
     """What `marl-runner serve`'s flags set on the server.
 
-    `max_concurrency`: requests handled at once (waiting for actions
-    included); one more gets 503 with `Retry-After`. `backlog`: connections
-    the kernel queues before they are accepted. `idle_timeout_s`: a
-    connection with no complete request for this long is closed; it also
-    bounds how long a request's line and headers may take to arrive.
-    `request_timeout_s` + declared length / `min_body_rate`: the deadline of a
-    request's body, and of its answer being taken. `close_wait_s`: how long
-    closing waits for the requests in progress.
+    `max_concurrency`: requests handled at once (one more gets 503 with
+    `Retry-After`). `idle_timeout_s`: a connection with no complete request
+    for this long is closed (it bounds a request's head too).
+    `request_timeout_s` + length / `min_body_rate`: the deadline of a body,
+    and of its answer being taken. `close_wait_s`: how long closing waits.
     """
 
     max_body_bytes: int
@@ -90,14 +80,12 @@ class HttpSettings:
     close_wait_s: float = 10.0
 
     def __post_init__(self) -> None:
-        for name in ("max_body_bytes", "max_concurrency", "backlog"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} {value!r}: expected an int >= 1")
-        for name in ("idle_timeout_s", "request_timeout_s", "min_body_rate", "close_wait_s"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and 0 < value < float("inf")):
-                raise ValueError(f"{name} {value!r}: expected a finite number > 0")
+        for name, value in vars(self).items():
+            counts = name in ("max_body_bytes", "max_concurrency", "backlog")
+            kinds = int if counts else (int, float)
+            if isinstance(value, bool) or not isinstance(value, kinds) or not 0 < value < 2**63:
+                raise ValueError(f"{name} {value!r}: expected "
+                                 f"{'an int >= 1' if counts else 'a finite number > 0'}")
 
     def body_deadline_s(self, length: int) -> float:
         """Seconds a body of `length` bytes (or an answer) may take: a head start, then a rate."""
@@ -276,12 +264,8 @@ class HttpEndpoint:
                               f"endpoints: {names}")
 
     def _body_length(self, request: web.BaseRequest) -> int | None:
-        """A POST's declared length (None for a GET), refusing what cannot be read safely.
-
-        aiohttp's parser already refuses (400) a `Content-Length` that is not
-        ASCII digits ("+2", "1_0") or is said twice: a lenient reading may see
-        another body boundary than a proxy in front (one attackers choose).
-        """
+        """A POST's declared length (None for a GET), refusing what cannot be read safely
+        (aiohttp's parser already refuses a `Content-Length` not in digits, or given twice)."""
         headers = request.headers
         if request.method == "GET":
             if request.body_exists:
@@ -307,12 +291,8 @@ class HttpEndpoint:
         return length
 
     async def _read_body(self, request: web.BaseRequest, length: int) -> bytes:
-        """The body, read whole within its deadline (else 408 and the connection ends).
-
-        The parser hands over no byte past the declared length and the read
-        stops at it (or fails short of it): nothing above `max_body_bytes` is
-        ever held.
-        """
+        """The body, read whole within its deadline (else 408 and the connection ends); no
+        byte past the declared length is read, so nothing above `max_body_bytes` is held."""
         content = request.content
         # A body that arrived whole with its head has nothing to wait for: no timer.
         waits = not content.is_eof()
@@ -332,9 +312,8 @@ class HttpEndpoint:
 
     async def _send(self, request: web.BaseRequest, payload: bytes,
                     content_type: str) -> web.StreamResponse:
-        """The answer written here (head and body in one send). One that may have to wait
-        for the client to read (the connection's buffer would pass its high-water mark) is
-        written under its deadline: a client that stops reading cannot hold the connection."""
+        """The answer, head and body in one send; under its deadline when it may have to wait
+        for the client to read, so a client that stops reading cannot hold the connection."""
         response = web.Response(body=payload, status=200, content_type=content_type)
         transport = request.transport
         # One that fits the buffer below its high-water mark cannot wait: no timer.

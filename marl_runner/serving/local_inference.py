@@ -1,16 +1,10 @@
 """`PolicyClient(inference_mode="local")`: the policies and connectors run in the client.
 
-The client builds its own EnvRunner over an in-client external env, from the
-server's config and spaces, and pulls weights and connector state (e.g.
-observation filter statistics, merged with what this client's filters saw)
-every `update_interval_s`. Only experience batches and filter deltas travel
-to the server, on a sender thread so that uploads never hold
-up an action.
-
-The client's runner builds one batch per finished episode (`batch_mode:
-complete_episodes`, whatever the server's config says): an episode is
-uploaded as soon as it ends, nothing finished is held back when the client
-closes, and an episode abandoned mid-way is never uploaded.
+An EnvRunner built here from the server's config and spaces pulls weights and
+connector state every `update_interval_s` (filter deltas go up). It builds one
+batch per finished episode (`complete_episodes`), uploaded by a sender thread
+as soon as it ends, so uploads never hold up an action and nothing finished
+is held back at close.
 """
 
 from __future__ import annotations
@@ -63,12 +57,8 @@ class LocalInference:
         self._sender_thread.start()
 
     def close(self, timeout_s: float = 30.0) -> None:
-        """Uploads every episode ended so far, then stops the runner.
-
-        New calls are refused from here on; the runner takes what is queued
-        (so episodes ended before `close` finish building), the sender uploads
-        the rest, and the first error on the way is raised.
-        """
+        """Refuses new calls, uploads every episode ended so far, stops the runner; raises the
+        first error on the way."""
         self.runner.env.stop_episodes("the client was closed")
         self._closing.set()
         self._runner_thread.join(timeout_s)

@@ -174,11 +174,9 @@ class PolicyServer(HttpEndpoint):
         return {"episode_id": await asyncio.to_thread(
             self.board.start_episode, episode_id, training_enabled)}
 
-    # get_action, log_action and end_episode may carry a `returns` field: the rewards and
-    # infos logged since the episode's last step (PolicyClient sends one request per step).
-    # Every value is checked first; then the returns are applied as one `log_returns` (it
-    # refuses an unknown or finished episode before changing anything), then the call, which
-    # has nothing left to refuse: a refused request changes nothing.
+    # get_action, log_action and end_episode may carry `returns` (logged since the last step).
+    # All values are checked, then the returns applied as one `log_returns` (which refuses an
+    # unknown episode before changing anything), then the call: a refused request changes nothing.
 
     async def _get_action(self, body: dict) -> dict:
         episode_id = episode_id_of(_object(body))
@@ -264,13 +262,9 @@ class PolicyServer(HttpEndpoint):
 
 
 class Handoff:
-    """Settles futures of `loop` from other threads, with one wake-up of the loop per burst.
-
-    The runner answers a forward pass's requests one after the other; a
-    `call_soon_threadsafe` each would wake the loop (a write to its self-pipe)
-    once per answer. Here the first answer of a burst schedules one `_settle_all`
-    and the others join the queue it empties.
-    """
+    """Settles futures of `loop` from other threads, waking the loop once per burst: a forward
+    pass's answers come one after the other, and a `call_soon_threadsafe` each would write
+    to the loop's self-pipe once per answer."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop

@@ -1,10 +1,8 @@
-"""Weights and connector state handed to local-inference clients, made in the runner's thread.
+"""Weights and connector state for local-inference clients, made in the runner's thread.
 
-A client that runs the policies itself needs the server's weights and
-connector state, and its observation filters' statistics must flow back into
-the server's filters (merged exactly, as `EnvRunnerGroup` does for its
-runners). Neither may touch the policies while the sampling loop uses them,
-so requests queue here and the loop serves them between two steps (`refresh`).
+Their filter statistics are merged into the server's filters exactly, and
+neither may touch the policies while the sampling loop uses them: requests
+queue here and the loop serves them between two steps (`refresh`).
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
-"""The client side of the wire: urllib3's pooled keep-alive connections and retry policy, the
-safe codec, and retries only where a second attempt cannot act twice.
+"""The client side of the wire: urllib3's keep-alive pool and `Retry`, and the safe codec.
 
-urllib3 (not httpx: a small request costs a client here about 170 µs of CPU
-with urllib3, 450 µs with httpx) keeps the connections: threads share one
-pool, a connection the server closed while idle, or one that failed, is
-never reused, and an answer sent before the server closed a request it did
-not read whole (413, 401) is still read. Retried by urllib3's `Retry`, with
-exponential backoff: a call whose connection could not be opened, a 503 with
-`Retry-After` (the server did nothing), and `GET` calls after any connection
-error. A `POST` that may have reached the server is not (`get_action`,
-`log_returns`, uploads and weight syncs are not idempotent):
-`PolicyServerUnavailable` names the server, the call and the cause.
+urllib3, not httpx: a small request costs a client here about 170 µs of CPU
+with urllib3, 450 µs with httpx. Retried, with backoff: a call whose
+connection could not be opened, a 503 with `Retry-After` (the server did
+nothing), and a `GET` after any connection error. A `POST` that may have
+reached the server never is (none of them is idempotent).
 """
 
 from __future__ import annotations
@@ -65,13 +59,8 @@ class PolicyServerUnavailable(ConnectionError):
 
 
 class _OneWriteConnection(HTTPConnection):
-    """urllib3's connection, sending a request's head and body in one write.
-
-    urllib3 writes them apart: on loopback each write costs the client a trip
-    through the TCP stack (about 150 µs of CPU here) and the server a wakeup.
-    The head is held from `endheaders` until the body's write, or until
-    `getresponse` for a request without one.
-    """
+    """urllib3's connection, sending a request's head and body in one write (urllib3 writes
+    them apart: each write costs the client about 150 µs of CPU here, the server a wakeup)."""
 
     _holding: bytearray | None = None
     _head = b""
@@ -106,19 +95,11 @@ class _Pool(urllib3.HTTPConnectionPool):
 
 
 class HttpTransport:
-    """Calls `/v1/<name>` on a policy server from any number of threads.
-
-    Args:
-        address: `http://HOST:PORT` or `HOST:PORT`.
-        token: sent as `Authorization: Bearer <token>` when given.
-        timeout_s: timeout of each connect, send and read; None waits as long as it takes.
-        content_type: the codec of request bodies (binary by default).
-        retries: how many times a call that may be retried (see the module
-            docstring) is attempted again before it raises.
-        backoff_s: urllib3's backoff factor: the first retry goes at once, the
-            n-th waits `backoff_s * 2 ** (n - 1)` (or the server's Retry-After,
-            at most `MAX_RETRY_AFTER_S`).
-    """
+    """Calls `/v1/<name>` on a policy server (`http://HOST:PORT` or `HOST:PORT`) from any
+    number of threads. `timeout_s`: of each connect, send and read (None: no limit).
+    `retries`: more attempts for a call that may be retried (see the module docstring);
+    the n-th waits `backoff_s * 2 ** (n - 1)` (the first goes at once), or the server's
+    Retry-After, at most `MAX_RETRY_AFTER_S`."""
 
     def __init__(
         self,

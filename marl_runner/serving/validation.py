@@ -1,16 +1,11 @@
 """Untrusted call values checked and converted before they reach the env or the runner.
 
-A wrong shape, dtype, value or agent id from a client must become a 400 for
-that request, never an exception inside the runner's loop (which would stop
-the server for everyone) nor a value that poisons shared state (a NaN in an
-observation filter). Every check runs before the request touches the episode.
-Values are converted to each agent's space, so JSON clients may send plain
-nested lists; messages name the agent and the field (`observation of agent
-'a0' has a NaN at index 3`).
-
-`CallValues` holds the checks of the five external-env calls: the server
-runs them on every request, a local-inference client at every call, so a
-value the server would refuse raises where it was given.
+A bad value from a client must become a 400 for that request, never an
+exception in the runner's loop (which would stop the server for everyone)
+nor a value that poisons shared state (a NaN in an observation filter).
+Values are converted to each agent's space (JSON clients send plain lists).
+`CallValues` is run by the server on every request and by a client at every
+call, so a value the server would refuse raises where it was given.
 """
 
 from __future__ import annotations

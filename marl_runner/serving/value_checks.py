@@ -1,10 +1,7 @@
 """Untrusted numbers, arrays and info values, checked against a space or for JSON safety.
 
-Whatever a client sends ends up in state shared by every client (observation
-filters, reward sums) and in the batch files: one NaN observation poisons a
-mean-std filter for good, one complex info value makes `write_batch` fail.
-So a value is refused here, with a message naming where the bad entry is,
-before the request touches anything.
+One NaN observation poisons a shared mean-std filter for good, one complex
+info value makes `write_batch` fail: refused here, naming the bad entry.
 """
 
 from __future__ import annotations

@@ -1,13 +1,11 @@
 """`marl-runner serve --workers N`: local inference served by N processes on one port.
 
-A local-inference client keeps no episode on the server: it uploads finished
-episodes and trades filter statistics for weights. So N - 1 workers, each
-with its own event loop on the same port (`SO_REUSEPORT`: the kernel spreads
-new connections), decode and check uploads beside the main process, which
-does what must happen once, over a pipe per worker: it queues an upload for
-the one writer of `--out` (the worker answers 200 only then) and merges a
-weight sync into its filters. Remote inference keeps each episode's
-connector state in one runner: with N > 1 every process refuses it (501).
+A local-inference client keeps no episode on the server, so N - 1 workers on
+the same port (`SO_REUSEPORT`) decode and check uploads beside the main
+process, which does, over a pipe per worker, what must happen once: queue an
+upload for the one writer of `--out` (answered 200 only then) and merge a
+weight sync. Remote inference keeps episode state in one runner: with N > 1
+every process refuses it (501).
 """
 
 from __future__ import annotations
