@@ -110,3 +110,38 @@ def test_the_summary_is_titled_serving_and_counts_one_of_each_in_the_singular(tm
     assert "serving metrics" in text and "sampling metrics" not in text, text
     assert "1 batch came from local-inference clients" in text, text
     assert f"wrote 1 batch (1 episode, 1 env step) to {tmp_path}" in text, text
+
+
+def test_serve_keeps_its_startup_objects_out_of_full_collections() -> None:
+    """A full collection over everything serve imported (torch included) stalls every request
+    for about 100 ms; serve freezes what exists once it is set up, so one scans only what came
+    since. Checked from inside the serve process, with the clients' requests on the way."""
+    probe = (
+        "import atexit, gc, sys\n"
+        "atexit.register(lambda: print('frozen', gc.get_freeze_count(), flush=True))\n"
+        "from marl_runner.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    server = subprocess.Popen(
+        [sys.executable, "-c", probe, "serve", str(CONFIG), "--port", "0"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    try:
+        lines = []
+        for line in server.stdout:
+            lines.append(line)
+            found = re.search(r"on (http://127\.0\.0\.1:\d+)", line)
+            if found:
+                with PolicyClient(found.group(1)) as client:
+                    play(client, 20, seed=0)
+                break
+        server.send_signal(signal.SIGTERM)
+        output = "".join(lines) + server.communicate(timeout=60)[0]
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.communicate()
+    assert server.returncode == 0, output
+    frozen = int(re.search(r"^frozen (\d+)$", output, re.M).group(1))
+    assert frozen > 50_000, output  # modules, torch and the runner: far more than this

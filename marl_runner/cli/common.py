@@ -9,6 +9,7 @@ none of them.
 from __future__ import annotations
 
 import argparse
+import gc
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -262,6 +263,14 @@ def open_metrics_log(path: Path, interval_s: float) -> MetricsLogWriter:
         raise CommandError(
             f"--metrics-out {path}: cannot write there: {_os_error_text(exc)}"
         ) from None
+
+
+def freeze_startup_objects() -> None:
+    """Moves every object made so far (modules, torch, the runner) out of the garbage
+    collector's reach: a full collection then scans only what came since, instead of
+    stalling every request for about 100 ms each time (measured under `bench --external`)."""
+    gc.collect()
+    gc.freeze()
 
 
 def int_at_least(minimum: int) -> Callable[[str], int]:

@@ -44,6 +44,7 @@ from marl_runner.cli.common import (
     check_imports,
     check_memory,
     describe,
+    freeze_startup_objects,
     load_config,
     positive_int,
     prepare_outputs,
@@ -240,6 +241,7 @@ def _serve(
                     if several:
                         workers = start_workers(args.workers - 1, server, config.to_dict(),
                                                 token, settings)
+                    freeze_startup_objects()
                     how = (f"{args.workers} processes, local inference only" if several
                            else f"{config.num_envs} episodes at once")
                     console.print(
