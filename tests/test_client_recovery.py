@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
-import json
 import signal
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler
-from typing import Any
 
 import numpy as np
 import pytest
-from helpers_http_stub import serving_on_loopback
+from helpers_http_stub import ScriptedHandler, scripted_server
 from helpers_serve_process import free_port, serve_process
 
 from marl_runner import EnvRunner, RunnerConfig
 from marl_runner.client import PolicyClient, PolicyServerError, PolicyServerUnavailable
-from marl_runner.serving import codec
 from marl_runner.serving.server import PolicyServer
 
 CONFIG = {
@@ -95,70 +91,34 @@ def test_a_timed_out_get_action_is_not_retried_and_the_next_call_works():
         client.close()
 
 
-class _Stub(BaseHTTPRequestHandler):
-    """Answers as `script` says, one entry per request: "drop", an int status, or 200."""
-
-    protocol_version = "HTTP/1.1"
-    script: list[Any] = []
-    seen: list[str] = []
-
-    def do_GET(self) -> None:
-        self._answer()
-
-    def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        self._answer()
-
-    def _answer(self) -> None:
-        self.seen.append(f"{self.command} {self.path}")
-        step = self.script.pop(0) if self.script else 200
-        if step == "drop":
-            self.close_connection = True  # no answer at all
-            return
-        body = json.dumps({"ok": True} if step == 200 else {"error": "busy", "type": "HTTPError"})
-        self.send_response(step)
-        self.send_header("Content-Type", codec.JSON)
-        self.send_header("Content-Length", str(len(body)))
-        if step == 503:
-            self.send_header("Retry-After", "0")
-        self.end_headers()
-        self.wfile.write(body.encode())
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
-@contextmanager
-def stub(script: list[Any]) -> Iterator[str]:
-    _Stub.script, _Stub.seen = list(script), []
-    with serving_on_loopback(_Stub) as address:
-        yield address
+def _calls() -> list[str]:
+    return [f"{method} /v1/{name}" for method, name, _ in ScriptedHandler.requests]
 
 
 def test_get_is_retried_after_a_dropped_connection_post_is_not():
-    with stub(["drop", 200]) as address:
+    with scripted_server(ScriptedHandler, ["drop", 200]) as address:
         client = PolicyClient(address, retries=2, backoff_s=0.01)
         assert client.health() == {"ok": True}
-        assert _Stub.seen == ["GET /v1/health"] * 2
-    with stub(["drop", 200]) as address:
+        assert _calls() == ["GET /v1/health"] * 2
+    with scripted_server(ScriptedHandler, ["drop", 200]) as address:
         client = PolicyClient(address, retries=2, backoff_s=0.01)
         with pytest.raises(PolicyServerUnavailable, match=r"log_returns failed after the request"):
             client.log_returns("e1", {"a": 1.0})
-        assert _Stub.seen == ["POST /v1/log_returns"]
+        assert _calls() == ["POST /v1/log_returns"]
         client.log_returns("e1", {"a": 1.0})  # a fresh connection; the server answers now
-        assert _Stub.seen == ["POST /v1/log_returns"] * 2
+        assert _calls() == ["POST /v1/log_returns"] * 2
 
 
 def test_503_with_retry_after_is_retried_then_reported():
-    with stub([503, 503, 200]) as address:
+    with scripted_server(ScriptedHandler, [503, 503, 200]) as address:
         client = PolicyClient(address, retries=2, backoff_s=0.01)
         client.log_returns("e1", {"a": 1.0})
-        assert len(_Stub.seen) == 3
-    with stub([503] * 3) as address:
+        assert len(_calls()) == 3
+    with scripted_server(ScriptedHandler, [503] * 3) as address:
         client = PolicyClient(address, retries=2, backoff_s=0.01)
         with pytest.raises(PolicyServerError, match="503"):
             client.log_returns("e1", {"a": 1.0})
-        assert len(_Stub.seen) == 3
+        assert len(_calls()) == 3
 
 
 def test_retry_settings_are_checked():

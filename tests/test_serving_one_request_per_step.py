@@ -12,22 +12,17 @@ from __future__ import annotations
 
 import collections
 import functools
-import json
 import re
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import numpy as np
 import pytest
-from helpers_http_stub import serving_on_loopback
+from helpers_http_stub import ScriptedHandler, scripted_server
 
 from marl_runner import EnvRunner
 from marl_runner.client import PolicyClient, PolicyServerUnavailable
 from marl_runner.serving import client as client_module
-from marl_runner.serving import codec
 from marl_runner.serving.server import PolicyServer
 from marl_runner.serving.transport import HttpTransport
 from tests.test_serving_http import serve_config, served, wait_for
@@ -309,56 +304,25 @@ def test_a_call_that_may_have_reached_the_server_does_not_send_its_rewards_again
     assert float(rows["rewards"][rows["agent_index"] == 0].sum()) == 3.0  # 1.0 applied once
 
 
-class _Recorder(BaseHTTPRequestHandler):
-    """A stand-in server: the spaces, episode "e1", and for each get_action the next answer
-    of `script` ("drop": none, an int status, or 200 with actions); keeps each body."""
+class _Recorder(ScriptedHandler):
+    """A stand-in server with the spaces and episode "e1"; its `get_action` calls are scripted."""
 
-    protocol_version = "HTTP/1.1"
-    script: list[Any] = []
-    bodies: list[tuple[str, Any]] = []
+    scripted = "get_action"
     SPACE = {"type": "Box", "low": -1.0, "high": 1.0, "shape": [3], "dtype": "float32"}
 
-    def do_GET(self) -> None:
-        self._send(200, {"observation_spaces": dict.fromkeys(AGENTS, self.SPACE),
-                         "action_spaces": dict.fromkeys(AGENTS, {"type": "Discrete", "n": 4})})
+    def answer(self, name: str) -> Any:
+        if name == "info":
+            return {"observation_spaces": dict.fromkeys(AGENTS, self.SPACE),
+                    "action_spaces": dict.fromkeys(AGENTS, {"type": "Discrete", "n": 4})}
+        return {"episode_id": "e1"} if name == "start_episode" else {"actions": {}}
 
-    def do_POST(self) -> None:
-        raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        name = self.path.rsplit("/", 1)[1]
-        self.bodies.append((name, codec.decode(raw, self.headers["Content-Type"])))
-        step = self.script.pop(0) if name == "get_action" and self.script else 200
-        if step == "drop":
-            self.close_connection = True
-        elif step == 200:
-            self._send(200, {"episode_id": "e1"} if name == "start_episode" else {"actions": {}})
-        else:
-            self._send(step, {"error": "refused", "type": "RequestError" if step == 400 else "Busy"},
-                       {"Retry-After": "0"} if step == 503 else {})
-
-    def _send(self, status: int, value: Any, headers: dict | None = None) -> None:
-        body = json.dumps(value).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", codec.JSON)
-        self.send_header("Content-Length", str(len(body)))
-        for key, header in (headers or {}).items():
-            self.send_header(key, header)
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
-@contextmanager
-def recorder(script: list[Any]) -> Iterator[str]:
-    _Recorder.script, _Recorder.bodies = list(script), []
-    with serving_on_loopback(_Recorder) as address:
-        yield address
+    def error_type(self, status: int) -> str:
+        return "RequestError" if status == 400 else "Busy"
 
 
 def test_retries_and_failures_carry_each_reward_once():
     ones = [[{"a0": 1.0}, None]]
-    with recorder([503, 200, 400, 200, "drop", 200, 503, 503]) as address:
+    with scripted_server(_Recorder, [503, 200, 400, 200, "drop", 200, 503, 503]) as address:
         client = PolicyClient(address, retries=1, backoff_s=0.01)
         eid = client.start_episode()
         client.log_returns(eid, {"a0": 1.0})
@@ -375,7 +339,7 @@ def test_retries_and_failures_carry_each_reward_once():
         with pytest.raises(Exception, match="503"):  # refused, retries spent: kept for close
             client.get_action(eid, {"a0": np.zeros(3, np.float32)})
         client.close()
-    carried = [(name, body.get("returns")) for name, body in _Recorder.bodies]
+    carried = [(name, body.get("returns")) for _, name, body in _Recorder.requests if body is not None]
     assert carried == [
         ("start_episode", None),
         ("get_action", ones), ("get_action", ones),
@@ -384,4 +348,4 @@ def test_retries_and_failures_carry_each_reward_once():
         ("get_action", ones), ("get_action", ones),
         ("log_returns", None),
     ]
-    assert _Recorder.bodies[-1][1]["rewards"] == {"a0": 1.0}
+    assert _Recorder.requests[-1][2]["rewards"] == {"a0": 1.0}
