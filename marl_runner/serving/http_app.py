@@ -83,7 +83,7 @@ class HttpSettings:
         for name, value in vars(self).items():
             counts = name in ("max_body_bytes", "max_concurrency", "backlog")
             kinds = int if counts else (int, float)
-            if isinstance(value, bool) or not isinstance(value, kinds) or not 0 < value < 2**63:
+            if isinstance(value, bool) or not isinstance(value, kinds) or not 0 < value < float("inf"):
                 raise ValueError(f"{name} {value!r}: expected "
                                  f"{'an int >= 1' if counts else 'a finite number > 0'}")
 
