@@ -1,10 +1,13 @@
 """The client side of the wire: urllib3's keep-alive pool and `Retry`, and the safe codec.
 
-urllib3, not httpx: a small request costs a client here about 170 µs of CPU
-with urllib3, 450 µs with httpx. Retried, with backoff: a call whose
-connection could not be opened, a 503 with `Retry-After` (the server did
-nothing), and a `GET` after any connection error. A `POST` that may have
-reached the server never is (none of them is idempotent).
+urllib3, not httpx or pycurl: a small request costs a client here about 230 µs
+of CPU with urllib3, 450 µs with httpx. pycurl halves a client's CPU per call,
+but libcurl sends a request again, unasked, when a reused connection closes
+before any answer, and a call here must never act twice. Retried, with
+backoff: a call whose connection could not be opened, a 503 with
+`Retry-After` (the server did nothing), and a `GET` after any connection
+error. A `POST` that may have reached the server never is (none of them is
+idempotent).
 """
 
 from __future__ import annotations
