@@ -109,6 +109,34 @@ def test_get_is_retried_after_a_dropped_connection_post_is_not():
         assert _calls() == ["POST /v1/log_returns"] * 2
 
 
+def test_a_post_on_a_reused_connection_that_closes_unanswered_is_never_sent_again():
+    """libcurl on its own sends such a request again on a fresh connection: the server
+    would apply it twice. A GET there is retried, as after any dropped connection."""
+    with scripted_server(ScriptedHandler, [200, "drop", 200, 200, "drop", 200]) as address:
+        client = PolicyClient(address, retries=2, backoff_s=0.01)
+        client.log_returns("e1", {"a": 1.0})
+        with pytest.raises(PolicyServerUnavailable, match="after the request was sent") as failed:
+            client.log_returns("e1", {"a": 1.0})  # the same connection, closed unanswered
+        assert failed.value.sent
+        client.log_returns("e1", {"a": 1.0})  # a fresh connection
+        assert _calls() == ["POST /v1/log_returns"] * 3
+        assert client.health() == {"ok": True}
+        assert client.health() == {"ok": True}  # dropped, then sent again: once more
+        assert _calls()[3:] == ["GET /v1/health"] * 3
+        client.close()
+
+
+def test_a_proxy_named_by_the_environment_is_not_used(monkeypatch):
+    with scripted_server(ScriptedHandler, []) as address:
+        for name in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
+            monkeypatch.setenv(name, "http://127.0.0.1:1")  # nothing listens there
+        monkeypatch.delenv("no_proxy", raising=False)
+        monkeypatch.delenv("NO_PROXY", raising=False)
+        client = PolicyClient(address, retries=0)
+        assert client.health() == {"ok": True}
+        client.close()
+
+
 def test_503_with_retry_after_is_retried_then_reported():
     with scripted_server(ScriptedHandler, [503, 503, 200]) as address:
         client = PolicyClient(address, retries=2, backoff_s=0.01)
@@ -126,3 +154,5 @@ def test_retry_settings_are_checked():
         PolicyClient("http://127.0.0.1:1", retries=-1)
     with pytest.raises(ValueError, match=r"backoff_s nan: expected a number >= 0"):
         PolicyClient("http://127.0.0.1:1", backoff_s=float("nan"))
+    with pytest.raises(ValueError, match=r"timeout_s 0: expected a number > 0, or None"):
+        PolicyClient("http://127.0.0.1:1", timeout_s=0)

@@ -53,7 +53,8 @@ class PolicyClient:
         inference_mode: "remote" (the server computes actions) or "local".
         update_interval_s: "local" only: seconds between weight pulls.
         token: the server's shared token (default: `MARL_RUNNER_TOKEN`).
-        timeout_s: socket timeout per request; None waits as long as it takes.
+        timeout_s: the most one request may take, connecting included (an upload of
+            experience too); None waits as long as it takes.
         retries: how many more attempts a call that cannot act twice gets.
         backoff_s: the retries' backoff factor (see `transport.HttpTransport`).
     """

@@ -1,33 +1,38 @@
-"""The client side of the wire: urllib3's keep-alive pool and `Retry`, and the safe codec.
+"""The client side of the wire: libcurl (pycurl) handles kept alive for reuse, retries, and
+the safe codec.
 
-urllib3, not httpx or pycurl: a small request costs a client here about 230 µs
-of CPU with urllib3, 450 µs with httpx. pycurl halves a client's CPU per call,
-but libcurl sends a request again, unasked, when a reused connection closes
-before any answer, and a call here must never act twice. Retried, with
-backoff: a call whose connection could not be opened, a 503 with
-`Retry-After` (the server did nothing), and a `GET` after any connection
-error. A `POST` that may have reached the server never is (none of them is
-idempotent).
+libcurl, not urllib3 or httpx: a `get_action` call costs a client here about
+200 µs of CPU with it, about 400 µs with urllib3 and more with httpx, and
+the clients share the cores with the server. libcurl sends a request again,
+unasked, when a reused connection closes before any answer; here a body is
+read through a callback that refuses to rewind, so a request whose body went
+out is never sent twice: the call fails instead.
+
+Retried, with backoff: a call whose connection could not be opened, a 503
+(or 429) with `Retry-After` (the server did nothing), and a `GET` after any
+connection error. A `POST` that may have reached the server never is (none
+of them is idempotent).
 """
 
 from __future__ import annotations
 
+import io
+import select
+import threading
+import time
 from typing import Any
 from urllib.parse import urlsplit
 
-import urllib3
-from urllib3.connection import HTTPConnection
-from urllib3.exceptions import HTTPError, MaxRetryError
-from urllib3.exceptions import TimeoutError as Urllib3Timeout
-from urllib3.util import SKIP_HEADER
+import pycurl
 
 from marl_runner.serving import codec
 
 API_PREFIX = "/v1/"
 DEFAULT_RETRIES = 4
 DEFAULT_BACKOFF_S = 0.1
-# A server's Retry-After is honoured up to this many seconds per attempt.
+# A server's Retry-After is honoured up to this many seconds per attempt; backoff up to this.
 MAX_RETRY_AFTER_S = 5.0
+MAX_BACKOFF_S = 120.0
 
 # Error types the server names that a client re-raises as the same built-in exception.
 _BUILTIN_ERRORS: dict[str, type[Exception]] = {
@@ -37,8 +42,12 @@ _BUILTIN_ERRORS: dict[str, type[Exception]] = {
     "TimeoutError": TimeoutError,
     "NotImplementedError": NotImplementedError,
 }
-# Connections kept open for reuse (one per thread calling at once, up to this many).
+# Idle handles (each with its kept-alive connection) kept for reuse, at most.
 POOL_SIZE = 256
+# Failures that leave nothing sent (with no request bytes issued, any failure is one).
+_NOT_SENT = frozenset({pycurl.E_COULDNT_CONNECT, pycurl.E_COULDNT_RESOLVE_HOST})
+# Answers retried when they carry Retry-After.
+_RETRY_AFTER_STATUSES = frozenset({429, 503})
 
 
 class PolicyServerError(RuntimeError):
@@ -61,48 +70,12 @@ class PolicyServerUnavailable(ConnectionError):
         self.sent = sent
 
 
-class _OneWriteConnection(HTTPConnection):
-    """urllib3's connection, sending a request's head and body in one write (urllib3 writes
-    them apart: each write costs the client about 150 µs of CPU here, the server a wakeup)."""
-
-    _holding: bytearray | None = None
-    _head = b""
-
-    def endheaders(self, message_body: Any = None, *, encode_chunked: bool = False) -> None:
-        self._holding = bytearray()
-        try:
-            super().endheaders(message_body, encode_chunked=encode_chunked)
-        finally:
-            self._head, self._holding = bytes(self._holding), None
-
-    def send(self, data: Any) -> None:
-        if self._holding is not None:
-            self._holding += data
-            return
-        head, self._head = self._head, b""
-        super().send(head + data if head else data)
-
-    def getresponse(self) -> Any:
-        if self._head:
-            head, self._head = self._head, b""
-            super().send(head)
-        return super().getresponse()
-
-    def close(self) -> None:
-        self._head = b""  # a failed request's head never goes out on the next connection
-        super().close()
-
-
-class _Pool(urllib3.HTTPConnectionPool):
-    ConnectionCls = _OneWriteConnection
-
-
 class HttpTransport:
     """Calls `/v1/<name>` on a policy server (`http://HOST:PORT` or `HOST:PORT`) from any
-    number of threads. `timeout_s`: of each connect, send and read (None: no limit).
-    `retries`: more attempts for a call that may be retried (see the module docstring);
-    the n-th waits `backoff_s * 2 ** (n - 1)` (the first goes at once), or the server's
-    Retry-After, at most `MAX_RETRY_AFTER_S`."""
+    number of threads. `timeout_s`: the most one attempt may take, connecting included
+    (None: no limit). `retries`: more attempts for a call that may be retried (see the
+    module docstring); the n-th waits `backoff_s * 2 ** (n - 1)` (the first goes at once),
+    or the server's Retry-After, at most `MAX_RETRY_AFTER_S`."""
 
     def __init__(
         self,
@@ -120,24 +93,22 @@ class HttpTransport:
             raise ValueError(f"retries {retries!r}: expected an int >= 0")
         if not backoff_s >= 0:
             raise ValueError(f"backoff_s {backoff_s!r}: expected a number >= 0")
-        self.url = f"http://{parts.hostname}:{parts.port}"
+        if timeout_s is not None and not timeout_s > 0:
+            raise ValueError(f"timeout_s {timeout_s!r}: expected a number > 0, or None")
+        host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+        self.url = f"http://{host}:{parts.port}"
         self.content_type = content_type
         self.retries = retries
         self.backoff_s = backoff_s
-        # A POST is never sent twice (read=False: an error once it may have been sent raises);
-        # urllib3 retries it when no connection opened, or on a 503 with Retry-After.
-        policy = {"total": retries, "backoff_factor": backoff_s, "allowed_methods": None,
-                  "raise_on_status": False, "retry_after_max": MAX_RETRY_AFTER_S}
-        self._retries = {"GET": urllib3.Retry(**policy), "POST": urllib3.Retry(**policy, read=False)}
+        self._timeout_ms = 0 if timeout_s is None else max(1, round(timeout_s * 1000))
         # A POST's answer comes in its body's codec; a GET asks for one with Accept. No
-        # User-Agent or Accept-Encoding (urllib3 and http.client would add them): the server
-        # reads neither, and each header costs both sides parsing.
-        auth = {"Authorization": f"Bearer {token}"} if token else {}
-        auth.update({"User-Agent": SKIP_HEADER, "Accept-Encoding": SKIP_HEADER})
-        self._headers = {"POST": {"Content-Type": content_type, **auth},
-                         "GET": {"Accept": content_type, **auth}}
-        self._pool_args = (parts.hostname, parts.port, urllib3.Timeout(timeout_s, timeout_s))
-        self._pool = self._new_pool()
+        # default Accept or Expect (libcurl would add them): the server reads neither.
+        auth = [f"Authorization: Bearer {token}"] if token else []
+        self._headers = {"POST": [f"Content-Type: {content_type}", "Accept:", "Expect:", *auth],
+                         "GET": [f"Accept: {content_type}", *auth]}
+        self._idle: list[pycurl.Curl] = []
+        self._lock = threading.Lock()
+        self._generation = 0
 
     def post(self, name: str, value: Any) -> Any:
         """`POST /v1/<name>` with `value` encoded; returns the decoded answer."""
@@ -148,32 +119,101 @@ class HttpTransport:
         return self._call("GET", name, None)
 
     def close(self) -> None:
-        """Closes the pooled connections; a later call opens fresh ones."""
-        pool, self._pool = self._pool, self._new_pool()
-        pool.close()
-
-    def _new_pool(self) -> urllib3.HTTPConnectionPool:
-        host, port, timeout = self._pool_args
-        return _Pool(host, port, maxsize=POOL_SIZE, retries=False, timeout=timeout)
+        """Closes the kept-alive connections (those in use once their call ends); a later
+        call opens fresh ones."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+            self._generation += 1
+        for handle in idle:
+            handle.close()
 
     def _call(self, method: str, name: str, body: bytes | None) -> Any:
         """One call, with the retries the module docstring lists."""
+        attempt = 1
+        while True:
+            try:
+                status, content_type, payload, retry_after = self._attempt(method, name, body)
+            except PolicyServerUnavailable as exc:
+                if exc.sent or attempt > self.retries:
+                    raise
+                self._wait(attempt, None)
+                attempt += 1
+                continue
+            if retry_after is not None and attempt <= self.retries:
+                self._wait(attempt, retry_after)
+                attempt += 1
+                continue
+            return _answer(status, content_type, payload)
+
+    def _attempt(self, method: str, name: str, body: bytes | None) -> tuple[int, str, bytes, float | None]:
+        """One request: (status, content type, body, Retry-After seconds of a 429/503 that
+        has it, else None); a failed connection raises `PolicyServerUnavailable`."""
+        handle, generation = self._take()
+        answer, head = io.BytesIO(), []
+        handle.setopt(pycurl.URL, self.url + API_PREFIX + name)
+        if body is None:
+            handle.setopt(pycurl.HTTPGET, 1)
+        else:
+            handle.setopt(pycurl.POST, 1)
+            handle.setopt(pycurl.READFUNCTION, io.BytesIO(body).read)
+            handle.setopt(pycurl.POSTFIELDSIZE_LARGE, len(body))
+        handle.setopt(pycurl.HTTPHEADER, self._headers[method])
+        handle.setopt(pycurl.WRITEFUNCTION, answer.write)
+        handle.setopt(pycurl.HEADERFUNCTION, head.append)
         try:
-            response = self._pool.urlopen(
-                method, API_PREFIX + name, body=body, headers=self._headers[method],
-                retries=self._retries[method], redirect=False, preload_content=True,
-            )
-        except MaxRetryError as exc:  # never sent, or a GET: retried up to the last attempt
-            raise self._unavailable(method, name, exc.reason, sent=False) from exc
-        except HTTPError as exc:  # a POST that may have been sent (urllib3 retries a GET)
-            raise self._unavailable(method, name, exc, sent=method != "GET") from exc
-        return _answer(response)
+            handle.perform()
+        except pycurl.error as exc:
+            code, message = exc.args
+            sent = method == "POST" and code not in _NOT_SENT and (
+                handle.getinfo(pycurl.REQUEST_SIZE) > 0 or code == pycurl.E_SEND_FAIL_REWIND)
+            handle.close()  # its connection's state is unknown: never reused
+            raise self._unavailable(method, name, code, message, sent=sent) from None
+        status = handle.getinfo(pycurl.RESPONSE_CODE)
+        content_type = handle.getinfo(pycurl.CONTENT_TYPE) or codec.JSON
+        retry_after = None
+        if status in _RETRY_AFTER_STATUSES and any(line[:12].lower() == b"retry-after:" for line in head):
+            retry_after = float(handle.getinfo(pycurl.RETRY_AFTER))
+        self._give_back(handle, generation)
+        return status, content_type, answer.getvalue(), retry_after
+
+    def _take(self) -> tuple[pycurl.Curl, int]:
+        """An idle handle whose connection the server has not closed, else a new one."""
+        with self._lock:
+            handle = self._idle.pop() if self._idle else None
+            generation = self._generation
+        if handle is not None:
+            if not _dropped(handle):
+                return handle, generation
+            handle.close()
+        handle = pycurl.Curl()
+        handle.setopt(pycurl.NOSIGNAL, 1)  # timeouts without SIGALRM: any thread may call
+        handle.setopt(pycurl.PROXY, "")  # never through a proxy named by the environment
+        handle.setopt(pycurl.HTTP_VERSION, pycurl.CURL_HTTP_VERSION_1_1)
+        handle.setopt(pycurl.TIMEOUT_MS, self._timeout_ms)
+        handle.setopt(pycurl.CONNECTTIMEOUT_MS, self._timeout_ms)
+        # A body that went out is never sent again: libcurl asks to rewind it for that.
+        handle.setopt(pycurl.SEEKFUNCTION, _never_rewind)
+        return handle, generation
+
+    def _give_back(self, handle: pycurl.Curl, generation: int) -> None:
+        with self._lock:
+            if generation == self._generation and len(self._idle) < POOL_SIZE:
+                self._idle.append(handle)
+                return
+        handle.close()
+
+    def _wait(self, attempt: int, retry_after: float | None) -> None:
+        """Before retry number `attempt`: the server's Retry-After (capped), else backoff."""
+        if retry_after is not None:
+            time.sleep(min(max(retry_after, 0.0), MAX_RETRY_AFTER_S))
+        elif attempt > 1:
+            time.sleep(min(self.backoff_s * 2 ** (attempt - 1), MAX_BACKOFF_S))
 
     def _unavailable(
-        self, method: str, name: str, cause: Exception | None, sent: bool
+        self, method: str, name: str, code: int, message: str, sent: bool
     ) -> PolicyServerUnavailable:
-        kind = "TimeoutError" if isinstance(cause, Urllib3Timeout) else type(cause).__name__
-        what = f"{kind}: {cause}" if str(cause) else kind
+        kind = "TimeoutError" if code == pycurl.E_OPERATION_TIMEDOUT else "ConnectionError"
+        what = f"{kind}: {message}" if message else kind
         call = f"policy server {self.url}: {method} {API_PREFIX}{name}"
         if sent:
             return PolicyServerUnavailable(
@@ -187,15 +227,29 @@ class HttpTransport:
         )
 
 
-def _answer(response: urllib3.BaseHTTPResponse) -> Any:
+def _dropped(handle: pycurl.Curl) -> bool:
+    """Whether the server closed (or wrote unasked on) the handle's kept-alive connection:
+    libcurl would send on it, then send again on a fresh one."""
+    fd = handle.getinfo(pycurl.ACTIVESOCKET)
+    if fd < 0:
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
+
+
+def _never_rewind(offset: int, origin: int) -> int:
+    return pycurl.SEEKFUNC_FAIL
+
+
+def _answer(status: int, content_type: str, payload: bytes) -> Any:
     """The decoded answer of a 200; the server's error raised as what it names otherwise."""
-    response_type = (response.headers.get("Content-Type") or codec.JSON).split(";")[0].strip()
-    payload = response.data
+    response_type = content_type.split(";")[0].strip()
     try:
         value = codec.decode(payload, response_type)
     except codec.CodecError:
         value = {"error": payload[:200].decode("utf-8", "replace"), "type": "HTTPError"}
-    if response.status == 200:
+    if status == 200:
         return value
     error = value if isinstance(value, dict) else {}
     message = str(error.get("error", "no message"))
@@ -203,4 +257,4 @@ def _answer(response: urllib3.BaseHTTPResponse) -> Any:
     builtin = _BUILTIN_ERRORS.get(error_type)
     if builtin is not None:
         raise builtin(message)
-    raise PolicyServerError(response.status, error_type, message)
+    raise PolicyServerError(status, error_type, message)
