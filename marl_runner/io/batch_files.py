@@ -59,7 +59,7 @@ from marl_runner.io.batch_checks import (
     load_json,
     shortened,
 )
-from marl_runner.io.json_rows import row_to_json
+from marl_runner.io.json_rows import rows_to_json
 from marl_runner.io.row_dicts import stack_row_dicts, unstack_row_dicts
 from marl_runner.safe_files import FileRefused, open_regular_file
 
@@ -455,7 +455,7 @@ def _encode_column(
         structure = _store_leaves(arrays, entry, stacked)
         return {"name": name, "encoding": "row_dicts", "structure": structure}
     if column.dtype == object:
-        arrays[entry] = np.array([row_to_json(value, entry) for value in column], dtype=np.str_)
+        arrays[entry] = np.array(rows_to_json(column, entry), dtype=np.str_)
         return {"name": name, "encoding": "json"}
     arrays[entry] = column
     return {"name": name, "encoding": "array"}

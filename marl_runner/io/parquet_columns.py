@@ -30,7 +30,7 @@ from marl_runner.io.batch_checks import (
     load_json,
     shortened,
 )
-from marl_runner.io.json_rows import row_to_json
+from marl_runner.io.json_rows import rows_to_json
 from marl_runner.io.row_dicts import stack_row_dicts, unstack_row_dicts
 
 #: SampleBatch column -> episode-table column, where the two names differ.
@@ -280,7 +280,7 @@ def _encode_column(
         if stacked is not None:
             array, structure = _encode_nested(stacked, where)
             return array, {"encoding": "row_dicts", "structure": structure}
-        texts = [row_to_json(value, where) for value in column]
+        texts = rows_to_json(column, where)
         return pa.array(texts, pa.string()), {"encoding": "json"}
     return _encode_array(column, where), {"encoding": "array", **_leaf_record(column)}
 
