@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import signal
 import threading
+import tracemalloc
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -14,7 +16,9 @@ from helpers_serve_process import free_port, serve_process
 
 from marl_runner import EnvRunner, RunnerConfig
 from marl_runner.client import PolicyClient, PolicyServerError, PolicyServerUnavailable
+from marl_runner.serving import codec
 from marl_runner.serving.server import PolicyServer
+from marl_runner.serving.transport import HttpTransport
 
 CONFIG = {
     "env": {"name": "examples.serving_envs:DroneSwarm", "config": {"num_drones": 2}},
@@ -124,6 +128,22 @@ def test_a_post_on_a_reused_connection_that_closes_unanswered_is_never_sent_agai
         assert client.health() == {"ok": True}  # dropped, then sent again: once more
         assert _calls()[3:] == ["GET /v1/health"] * 3
         client.close()
+
+
+def test_a_connection_kept_for_reuse_holds_nothing_of_its_last_call():
+    with scripted_server(ScriptedHandler, []) as address:
+        transport = HttpTransport(address, content_type=codec.JSON)
+        tracemalloc.start()
+        try:
+            transport.post("experiences", {"pad": "x" * (16 << 20)})
+            ScriptedHandler.requests.clear()  # the stand-in server's record of the body
+            gc.collect()
+            held, _ = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert len(transport._idle) == 1  # kept alive for the next call
+        assert held < 1 << 20  # not the 16 MB body it sent
+        transport.close()
 
 
 def test_a_proxy_named_by_the_environment_is_not_used(monkeypatch):

@@ -46,6 +46,8 @@ _BUILTIN_ERRORS: dict[str, type[Exception]] = {
 POOL_SIZE = 256
 # Failures that leave nothing sent (with no request bytes issued, any failure is one).
 _NOT_SENT = frozenset({pycurl.E_COULDNT_CONNECT, pycurl.E_COULDNT_RESOLVE_HOST})
+# Callbacks set for one call (they hold its body and answer).
+_PER_CALL_FUNCTIONS = (pycurl.READFUNCTION, pycurl.WRITEFUNCTION, pycurl.HEADERFUNCTION)
 # Answers retried when they carry Retry-After.
 _RETRY_AFTER_STATUSES = frozenset({429, 503})
 
@@ -168,6 +170,8 @@ class HttpTransport:
                 handle.getinfo(pycurl.REQUEST_SIZE) > 0 or code == pycurl.E_SEND_FAIL_REWIND)
             handle.close()  # its connection's state is unknown: never reused
             raise self._unavailable(method, name, code, message, sent=sent) from None
+        for function in _PER_CALL_FUNCTIONS:  # an idle handle holds nothing of its last call
+            handle.unsetopt(function)
         status = handle.getinfo(pycurl.RESPONSE_CODE)
         content_type = handle.getinfo(pycurl.CONTENT_TYPE) or codec.JSON
         retry_after = None
