@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gc
 import signal
+import subprocess
+import sys
 import threading
 import tracemalloc
 from collections.abc import Iterator
@@ -12,7 +14,7 @@ from contextlib import contextmanager
 import numpy as np
 import pytest
 from helpers_http_stub import ScriptedHandler, scripted_server
-from helpers_serve_process import free_port, serve_process
+from helpers_serve_process import REPO, free_port, serve_process
 
 from marl_runner import EnvRunner, RunnerConfig
 from marl_runner.client import PolicyClient, PolicyServerError, PolicyServerUnavailable
@@ -144,6 +146,27 @@ def test_a_connection_kept_for_reuse_holds_nothing_of_its_last_call():
         assert len(transport._idle) == 1  # kept alive for the next call
         assert held < 1 << 20  # not the 16 MB body it sent
         transport.close()
+
+
+_WAITS_FOR_AN_ANSWER = """
+import os, signal, socket, sys, threading, time
+from marl_runner.client import PolicyClient
+listener = socket.create_server(("127.0.0.1", 0))  # accepts, and never answers
+client = PolicyClient(f"127.0.0.1:{listener.getsockname()[1]}")
+threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+started = time.monotonic()
+try:
+    client.health()
+except KeyboardInterrupt:
+    print(f"interrupted after {time.monotonic() - started:.1f} s")
+"""
+
+
+def test_ctrl_c_interrupts_a_call_waiting_for_its_answer():
+    done = subprocess.run([sys.executable, "-c", _WAITS_FOR_AN_ANSWER], capture_output=True,
+                          text=True, timeout=10, cwd=REPO)
+    assert done.stdout.startswith("interrupted after "), done.stdout + done.stderr
+    assert float(done.stdout.split()[2]) < 2.0  # libcurl lets Python in at least once a second
 
 
 def test_a_proxy_named_by_the_environment_is_not_used(monkeypatch):

@@ -170,6 +170,9 @@ class HttpTransport:
                 handle.getinfo(pycurl.REQUEST_SIZE) > 0 or code == pycurl.E_SEND_FAIL_REWIND)
             handle.close()  # its connection's state is unknown: never reused
             raise self._unavailable(method, name, code, message, sent=sent) from None
+        except BaseException:  # Ctrl-C (see `_let_signals_in`): the same
+            handle.close()
+            raise
         for function in _PER_CALL_FUNCTIONS:  # an idle handle holds nothing of its last call
             handle.unsetopt(function)
         status = handle.getinfo(pycurl.RESPONSE_CODE)
@@ -197,6 +200,8 @@ class HttpTransport:
         handle.setopt(pycurl.CONNECTTIMEOUT_MS, self._timeout_ms)
         # A body that went out is never sent again: libcurl asks to rewind it for that.
         handle.setopt(pycurl.SEEKFUNCTION, _never_rewind)
+        handle.setopt(pycurl.NOPROGRESS, 0)
+        handle.setopt(pycurl.XFERINFOFUNCTION, _let_signals_in)
         return handle, generation
 
     def _give_back(self, handle: pycurl.Curl, generation: int) -> None:
@@ -240,6 +245,12 @@ def _dropped(handle: pycurl.Curl) -> bool:
     poller = select.poll()
     poller.register(fd, select.POLLIN)
     return bool(poller.poll(0))
+
+
+def _let_signals_in(*progress: int) -> int:
+    """Python code that libcurl runs at least once a second while a call waits: a Ctrl-C
+    raises `KeyboardInterrupt` here, out of the call, instead of waiting for the answer."""
+    return 0
 
 
 def _never_rewind(offset: int, origin: int) -> int:
