@@ -243,3 +243,30 @@ def test_process_round_times_table_shows_each_subprocess_sampler() -> None:
     text = console.export_text()
     assert "bare subprocess" in text and "runner subprocess" in text
     assert "0.66" in text and "25%" in text and "3.76" in text
+
+
+@pytest.mark.slow
+def test_smoke_external_serves_both_client_settings_and_writes_every_episode(tmp_path) -> None:
+    out = tmp_path / "external.json"
+    assert main(["--smoke", "--external", "--output", str(out)]) == 0
+    served = json.loads(out.read_text())["served"]
+    assert [(row["clients"], row["processes"]) for row in served] == [(16, 2), (64, 4)]
+    for row in served:
+        assert row["errors"] == 0, row["first_errors"]
+        assert row["episodes_written"] == row["episodes_finished"] > 0
+        assert _positive(row["calls_per_s"]) and row["p50_ms"] <= row["p99_ms"]
+
+
+def test_the_external_table_shows_the_replaced_stack_beside_the_measured_one() -> None:
+    from rich.console import Console
+
+    from marl_runner.bench.external import print_external
+
+    row = {"clients": 16, "processes": 2, "calls_per_s": 1234.0, "p50_ms": 8.1, "p99_ms": 17.9,
+           "errors": 0, "episodes_finished": 5, "episodes_written": 5, "server_cpu_us": 400.0,
+           "client_cpu_us": 300.0, "first_errors": []}
+    console = Console(record=True, width=200)
+    print_external(console, {"duration_s": 10, "served": [row], "codec": []})
+    text = console.export_text()
+    assert "1,234" in text and "17.9" in text  # measured
+    assert "hand-built stack" in text and "745" in text and "69.4" in text  # the one replaced

@@ -48,6 +48,10 @@ EPISODE_LEN = 50
 SETTINGS = ((16, 2), (64, 4))
 # Client processes import numpy and the client, then wait for the common start.
 START_DELAY_S = 3.0
+# This bench on the stack the aiohttp server and libcurl client replaced (`http.server`
+# with a hand-built worker pool, deadlines and limits; a hand-built client transport),
+# on this project's 2-core machine: (clients, calls/s, p50 ms, p99 ms), shown for comparison.
+HAND_BUILT_STACK = ((16, 745, 15.7, 33.4), (64, 960, 34.2, 69.4))
 
 
 def _play(address: str, end: float, seed: int, out: dict[str, Any]) -> None:
@@ -221,6 +225,13 @@ def print_external(console: Console, result: dict[str, Any]) -> None:
                       f"{r['episodes_finished']:,}", f"{r['episodes_written']:,}",
                       f"{r['server_cpu_us']:,.0f}", f"{r['client_cpu_us']:,.0f}")
     console.print(table)
+    before = Table(title="the same on the hand-built stack this one replaced (http.server, "
+                   "own worker pool and client transport), same machine")
+    for column in ("clients", "get_action calls/s", "p50 ms", "p99 ms"):
+        before.add_column(column, justify="right")
+    for clients, calls, p50, p99 in HAND_BUILT_STACK:
+        before.add_row(str(clients), f"{calls:,}", f"{p50:.1f}", f"{p99:.1f}")
+    console.print(before)
     for r in result["served"]:
         for error in r["first_errors"]:
             console.print(f"{r['clients']} clients: {error}", markup=False, highlight=False)
