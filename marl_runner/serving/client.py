@@ -9,17 +9,10 @@ client.log_returns(eid, {"a0": 1.0})
 client.end_episode(eid, {"a0": last_obs})
 ```
 
-`inference_mode="remote"`: one HTTP request per env step. A `log_returns` on
-an episode open here is checked at the call, by the server's own checks, and
-carried by the episode's next call (`"returns"`), so a bad value raises where
-it was given. Carried rewards are applied at most once: a call the server
-refused or never got puts them back; one that may have reached it drops them.
-
-`inference_mode="local"`: policies and connectors run here, only experience
-goes to the server (`local_inference`); every value is checked at the call.
-
-Both modes are thread-safe and never pickle; an unknown or finished episode
-id raises `ValueError`, as in-process.
+"remote": one request per env step; a `log_returns` is checked at the call and
+rides on the episode's next one, applied at most once. "local": policies run
+here, only experience goes up. Both check every value at the call, are
+thread-safe and never pickle (docs/SERVING.md).
 """
 
 from __future__ import annotations
@@ -59,16 +52,9 @@ class PolicyClient:
         backoff_s: the retries' backoff factor (see `transport.HttpTransport`).
     """
 
-    def __init__(
-        self,
-        address: str,
-        inference_mode: str = "remote",
-        update_interval_s: float = 10.0,
-        token: str | None = None,
-        timeout_s: float | None = None,
-        retries: int = DEFAULT_RETRIES,
-        backoff_s: float = DEFAULT_BACKOFF_S,
-    ) -> None:
+    def __init__(self, address: str, inference_mode: str = "remote", update_interval_s: float = 10.0,
+                 token: str | None = None, timeout_s: float | None = None,
+                 retries: int = DEFAULT_RETRIES, backoff_s: float = DEFAULT_BACKOFF_S) -> None:
         if inference_mode not in INFERENCE_MODES:
             raise ValueError(f"inference_mode {inference_mode!r}: expected one of {list(INFERENCE_MODES)}")
         if not update_interval_s > 0:

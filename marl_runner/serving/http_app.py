@@ -103,13 +103,8 @@ class HttpEndpoint:
     encoded). `start()` serves `sock` (bound already).
     """
 
-    def __init__(
-        self,
-        routes: dict[tuple[str, str], Route],
-        settings: HttpSettings,
-        token: str | None,
-        sock: socket.socket,
-    ) -> None:
+    def __init__(self, routes: dict[tuple[str, str], Route], settings: HttpSettings,
+                 token: str | None, sock: socket.socket) -> None:
         self.routes = routes
         self.settings = settings
         self.token = token
@@ -365,10 +360,8 @@ def _authorized(request: web.BaseRequest, token: str) -> bool:
     return hmac.compare_digest(given.encode("utf-8", "replace"), f"Bearer {token}".encode())
 
 
-def _error(
-    status: HTTPStatus, message: str, content_type: str, error_type: str = "HTTPError", *,
-    headers: dict | None = None, close: bool = False,
-) -> web.Response:
+def _error(status: HTTPStatus, message: str, content_type: str, error_type: str = "HTTPError",
+           *, headers: dict | None = None, close: bool = False) -> web.Response:
     """`{"error", "type"}` with `status`; `close`: the connection ends after it (a body the
     request framed was never read, so the connection cannot carry another request)."""
     response = web.Response(

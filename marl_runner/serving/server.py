@@ -75,20 +75,10 @@ class PolicyServer(HttpEndpoint):
     `upstream`: a worker's link to the main process (see `workers`).
     """
 
-    def __init__(
-        self,
-        runner: Any,
-        host: str = "127.0.0.1",
-        port: int = 9900,
-        *,
-        token: str | None = None,
-        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-        max_concurrency: int | None = None,
-        sock: socket.socket | None = None,
-        local_only: bool = False,
-        upstream: Any = None,
-        **settings: Any,
-    ) -> None:
+    def __init__(self, runner: Any, host: str = "127.0.0.1", port: int = 9900, *,
+                 token: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                 max_concurrency: int | None = None, sock: socket.socket | None = None,
+                 local_only: bool = False, upstream: Any = None, **settings: Any) -> None:
         if not isinstance(runner.env, ExternalVectorEnv):
             raise ServerSetupError(
                 f"PolicyServer needs a runner with `vectorize: external`, got vectorize "

@@ -1,11 +1,10 @@
 """Untrusted call values checked and converted before they reach the env or the runner.
 
-A bad value from a client must become a 400 for that request, never an
-exception in the runner's loop (which would stop the server for everyone)
-nor a value that poisons shared state (a NaN in an observation filter).
-Values are converted to each agent's space (JSON clients send plain lists).
-`CallValues` is run by the server on every request and by a client at every
-call, so a value the server would refuse raises where it was given.
+A bad value from a client must be a 400 for that request, never an exception
+in the runner's loop (it would stop the server for everyone) nor a value that
+poisons shared state (a NaN in an observation filter). Values are converted
+to each agent's space. The server runs `CallValues` on every request, a
+client at every call: a value the server would refuse raises where it was given.
 """
 
 from __future__ import annotations
@@ -122,10 +121,8 @@ class CallValues:
                 merged.setdefault(agent, {}).update(info)
         return (totals, merged) if returns else None
 
-    def _agent_values(
-        self, values: Any, key: str, space_of: Callable[[Any], gym.Space], allow_empty: bool,
-        masks: bool,
-    ) -> dict:
+    def _agent_values(self, values: Any, key: str, space_of: Callable[[Any], gym.Space],
+                      allow_empty: bool, masks: bool) -> dict:
         values = _object_of(values, key, "value")
         if not values and not allow_empty:
             raise RequestError(f"{key}: expected at least one agent")

@@ -1,11 +1,10 @@
 """`marl-runner serve --workers N`: local inference served by N processes on one port.
 
 A local-inference client keeps no episode on the server, so N - 1 workers on
-the same port (`SO_REUSEPORT`) decode and check uploads beside the main
-process, which does, over a pipe per worker, what must happen once: queue an
-upload for the one writer of `--out` (answered 200 only then) and merge a
-weight sync. Remote inference keeps episode state in one runner: with N > 1
-every process refuses it (501).
+the same port (`SO_REUSEPORT`) decode and check uploads; over a pipe each, the
+main process does what must happen once: queue an upload for the one writer of
+`--out` (answered 200 only then), merge a weight sync. Remote inference keeps
+episode state in one runner: with N > 1 every process refuses it (501).
 """
 
 from __future__ import annotations
