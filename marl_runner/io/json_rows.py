@@ -10,9 +10,8 @@ import numpy as np
 
 
 def rows_to_json(column: Iterable[Any], where: str) -> list[str]:
-    """Each row as JSON (``row_to_json``); an empty dict, most rows of ``infos``, without
-    the encoder: it is most of the time a batch file takes to write otherwise."""
-    return ["{}" if type(value) is dict and not value else row_to_json(value, where) for value in column]
+    """Each row of an object column as JSON (``row_to_json``)."""
+    return [row_to_json(value, where) for value in column]
 
 
 def row_to_json(value: Any, where: str) -> str:
@@ -21,6 +20,9 @@ def row_to_json(value: Any, where: str) -> str:
     ``where`` names the column (``policy/infos``) in the error for a row that
     JSON cannot hold.
     """
+    # Most rows of `infos`; through the encoder, most of the time a batch file takes to write.
+    if type(value) is dict and not value:
+        return "{}"
     try:
         return json.dumps(value, default=_json_default)
     except (TypeError, ValueError) as exc:
