@@ -89,10 +89,10 @@ class HttpTransport:
             (pycurl.SEEKFUNCTION, _never_rewind),  # a body that went out never goes again
             (pycurl.NOPROGRESS, 0), (pycurl.XFERINFOFUNCTION, _let_signals_in),
         )
-        # A POST's answer comes in its body's codec; a GET asks for one with Accept. No
-        # default Accept or Expect (libcurl would add them): the server reads neither.
+        # No default Accept. libcurl's `Expect: 100-continue` above 1 MiB stays: a big body
+        # refused is answered before it is sent, not reset mid-send with its answer lost.
         auth = [f"Authorization: Bearer {token}"] if token else []
-        self._headers = {"POST": [f"Content-Type: {content_type}", "Accept:", "Expect:", *auth],
+        self._headers = {"POST": [f"Content-Type: {content_type}", "Accept:", *auth],
                          "GET": [f"Accept: {content_type}", *auth]}
         self._idle: list[pycurl.Curl] = []
         self._lock = threading.Lock()
