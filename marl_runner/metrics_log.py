@@ -126,7 +126,11 @@ class RunMetrics:
     ) -> None:
         self._get_metrics = get_metrics
         self.log = log
-        self._parts: list[dict[str, Any]] = []
+        # The intervals read so far, folded into one as each is read, so a run of any
+        # length holds one dict (a server logging every minute for months included).
+        self._summary: dict[str, Any] | None = None
+        # Per perf time: (sum, count) over the intervals, whose merge is a plain mean.
+        self._perf_totals: dict[str, list[float]] = {}
         self._unlogged: list[dict[str, Any]] = []
         self._start = self._logged_at = time.perf_counter()
 
@@ -156,9 +160,7 @@ class RunMetrics:
 
     def summary(self) -> dict[str, Any]:
         """The metrics of every interval read so far, merged as a group merges its runners'."""
-        return (
-            dict(self._parts[0]) if len(self._parts) == 1 else self._merge(self._parts, self._start)
-        )
+        return self._merge([], self._start) if self._summary is None else dict(self._summary)
 
     @staticmethod
     def _merge(parts: list[dict[str, Any]], since: float) -> dict[str, Any]:
@@ -175,9 +177,26 @@ class RunMetrics:
 
     def _read(self) -> dict[str, Any]:
         metrics = dict(self._get_metrics())
-        self._parts.append(metrics)
+        self._fold(metrics)
         self._unlogged.append(metrics)
         return metrics
+
+    def _fold(self, metrics: dict[str, Any]) -> None:
+        """Adds one interval to the summary: the same merge as of every interval at once
+        (counts, episode-weighted means, min/max, the latest state, the last messages),
+        with the perf times' mean kept exact by their sums and counts."""
+        for name, value in (metrics.get("perf") or {}).items():
+            if isinstance(value, int | float) and not math.isnan(value):
+                total = self._perf_totals.setdefault(name, [0.0, 0])
+                total[0] += value
+                total[1] += 1
+        if self._summary is None:
+            self._summary = dict(metrics)
+            return
+        merged = self._merge([self._summary, metrics], self._start)
+        if "perf" in merged:
+            merged["perf"] = {name: sum_ / count for name, (sum_, count) in self._perf_totals.items()}
+        self._summary = merged
 
 
 def _has_activity(metrics: Mapping[str, Any]) -> bool:

@@ -165,3 +165,60 @@ def test_run_metrics_without_a_log_read_the_source_once() -> None:
         summary = run.finish()
         assert summary["num_env_steps"] == sum(steps)
         assert runner.get_metrics()["num_env_steps"] == 0
+
+
+def test_run_metrics_fold_intervals_as_they_come_and_merge_them_as_all_at_once(tmp_path) -> None:
+    """A long run (a server logging every minute for months) holds one summary, not every
+    interval, and that summary is what merging all the intervals at once gives."""
+    import tracemalloc
+
+    from marl_runner.metrics_merge import merge_metrics
+
+    rng = np.random.default_rng(0)
+
+    def interval(i: int) -> dict:
+        episodes = int(rng.integers(0, 4))
+        return {
+            "num_env_steps": int(rng.integers(0, 100)),
+            "num_agent_steps": int(rng.integers(0, 300)),
+            "episodes": episodes,
+            "episode_reward_mean": float(rng.normal()) if episodes else float("nan"),
+            "episode_reward_min": float(rng.normal()) if episodes else float("nan"),
+            "policy_reward_mean": {"p0": float(rng.normal())} if episodes else {},
+            "perf": {"mean_env_wait_ms": float(rng.uniform(1, 2)), "mean_inference_ms": float("nan") if i % 3 else 0.5},
+            "faults": [f"fault {i}"] if i % 7 == 0 else [],
+            "num_healthy_runners": i,
+        }
+
+    parts = [interval(i) for i in range(50)]
+    source = iter(parts)
+    run = RunMetrics(lambda: next(source))
+    for _ in parts:
+        run._read()
+    folded = run.summary()
+    whole = RunMetrics._merge(parts, run._start)
+    assert folded.keys() == whole.keys()
+    for key, value in whole.items():
+        if key.endswith("_per_s"):
+            continue  # rates over wall time read a moment apart
+        if isinstance(value, dict):
+            assert folded[key] == pytest.approx(value), key
+        elif isinstance(value, float):
+            assert folded[key] == pytest.approx(value, nan_ok=True), key
+        else:
+            assert folded[key] == value, key
+    assert folded["faults"] == [f"fault {i}" for i in range(0, 50, 7)][-10:]
+    assert folded["num_healthy_runners"] == 49
+    assert merge_metrics(parts, 1.0)["num_env_steps"] == folded["num_env_steps"]
+
+    endless = RunMetrics(lambda: interval(1), MetricsLogWriter(tmp_path / "m.jsonl", interval_s=0))
+    for _ in range(200):
+        assert endless.poll()
+    tracemalloc.start()
+    before = tracemalloc.take_snapshot()
+    for _ in range(2000):
+        endless.poll()
+    grown = sum(stat.size_diff for stat in tracemalloc.take_snapshot().compare_to(before, "filename"))
+    tracemalloc.stop()
+    endless.log.close()
+    assert grown < 50_000, f"2,000 more intervals grew the summary's memory by {grown} bytes"
