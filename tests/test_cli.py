@@ -328,7 +328,7 @@ def test_sample_interrupt_prints_partial_metrics(
     out = capsys.readouterr().out
     assert table_value(out, "episodes") == "1"
     assert table_value(out, "episode_reward_mean") == "1.500"
-    assert "interrupted" in out and "wrote 1 batches" in out
+    assert "interrupted" in out and "wrote 1 batch (" in out
     assert [b.env_steps() for b in read_batches(out_dir)] == [10]
     assert fake_runner.instances[0].stopped
 

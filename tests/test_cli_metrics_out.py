@@ -44,6 +44,17 @@ class InterruptOnThirdSample(Callbacks):
             raise KeyboardInterrupt
 
 
+class TerminateOnThirdSample(InterruptOnThirdSample):
+    """SIGTERM to the process in the middle of the third ``sample()``, as a scheduler's stop."""
+
+    def on_sample_end(self, **kwargs: Any) -> None:
+        self.samples += 1
+        if self.samples == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler raises at once; without it the process is gone
+            raise AssertionError("SIGTERM did not stop the command")
+
+
 class FailOnThirdSample(InterruptOnThirdSample):
     def on_sample_end(self, **kwargs: Any) -> None:
         self.samples += 1
@@ -134,10 +145,11 @@ def test_a_long_interval_still_leaves_one_record_for_the_whole_run(tmp_path) -> 
 
 @pytest.mark.parametrize(
     ("callbacks", "exit_code"),
-    [("InterruptOnThirdSample", 130), ("FailOnThirdSample", 1)],
+    [("InterruptOnThirdSample", 130), ("TerminateOnThirdSample", 143), ("FailOnThirdSample", 1)],
 )
-def test_ctrl_c_or_an_error_leaves_a_complete_log(tmp_path, capsys, callbacks, exit_code) -> None:
-    """The third sample never returns: the log and the batch files agree on the first two."""
+def test_ctrl_c_sigterm_or_an_error_leaves_a_complete_log(tmp_path, capsys, callbacks, exit_code) -> None:
+    """The third sample never returns: the log and the batch files agree on the first two,
+    and the summary says how it ended."""
     log, out = tmp_path / "metrics.jsonl", tmp_path / "out"
     code = main(
         [
@@ -156,10 +168,14 @@ def test_ctrl_c_or_an_error_leaves_a_complete_log(tmp_path, capsys, callbacks, e
             "0",
         ]
     )
-    err = capsys.readouterr().err
+    captured = capsys.readouterr()
+    err = captured.err
     assert code == exit_code, err
     if exit_code == 1:
         assert "RuntimeError: the third sample broke" in err
+    else:
+        assert "interrupted" in captured.out and "Traceback" not in err
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the command's handler is gone
     assert log.read_text().endswith("}\n")
     records = read_metrics_log(log)
     assert len(records) == 2
@@ -168,8 +184,10 @@ def test_ctrl_c_or_an_error_leaves_a_complete_log(tmp_path, capsys, callbacks, e
 
 
 @pytest.mark.slow
-def test_sigint_to_the_command_leaves_a_complete_log(tmp_path) -> None:
-    """A real Ctrl-C (SIGINT) at a random point of the sampling loop, in a subprocess."""
+@pytest.mark.parametrize(("sent", "exit_code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_sigint_or_sigterm_to_the_command_leaves_a_complete_log(tmp_path, sent, exit_code) -> None:
+    """A real Ctrl-C (SIGINT), or a scheduler's stop (SIGTERM), at a random point of the
+    sampling loop, in a subprocess."""
     log = tmp_path / "metrics.jsonl"
     command = subprocess.Popen(
         [
@@ -197,13 +215,13 @@ def test_sigint_to_the_command_leaves_a_complete_log(tmp_path) -> None:
         while not (log.exists() and log.read_text().count("\n") >= 3):
             assert command.poll() is None and time.monotonic() < deadline, command.stdout.read()
             time.sleep(0.05)
-        command.send_signal(signal.SIGINT)
+        command.send_signal(sent)
         output, _ = command.communicate(timeout=60)
     finally:
         if command.poll() is None:
             command.kill()
             command.communicate()
-    assert command.returncode == 130, output
+    assert command.returncode == exit_code, output
     assert "interrupted" in output and "Traceback" not in output
     assert log.read_text().endswith("}\n")
     records = read_metrics_log(log)

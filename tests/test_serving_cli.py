@@ -112,6 +112,28 @@ def test_the_summary_is_titled_serving_and_counts_one_of_each_in_the_singular(tm
     assert f"wrote 1 batch (1 episode, 1 env step) to {tmp_path}" in text, text
 
 
+def test_the_last_progress_line_is_printed_once_and_counts_in_the_singular() -> None:
+    import io
+
+    from rich.console import Console
+
+    from marl_runner.cli.serve import _ServeLines
+    from marl_runner.progress import SampleCounts
+
+    console = Console(file=io.StringIO(), width=120)
+    counts = SampleCounts(env_steps=1, agent_steps=1, episodes=1, batches=1, elapsed_s=2.0)
+    with _ServeLines(console, interval_s=3600) as lines:
+        lines._show(counts)  # printed: the first line comes at once
+    assert console.file.getvalue() == "serving: 1 env step, 1 episode, 0 env steps/s, 2.0s elapsed\n"
+    console = Console(file=io.StringIO(), width=120)
+    with _ServeLines(console, interval_s=3600) as lines:
+        lines._show(counts)
+        counts.env_steps, counts.episodes = 50, 2
+        lines._show(counts)  # kept for the last line
+    assert console.file.getvalue().splitlines()[-1].startswith("serving: 50 env steps, 2 episodes,")
+    assert len(console.file.getvalue().splitlines()) == 2
+
+
 def test_serve_keeps_its_startup_objects_out_of_full_collections() -> None:
     """A full collection over everything serve imported (torch included) stalls every request
     for about 100 ms; serve freezes what exists once it is set up, so one scans only what came

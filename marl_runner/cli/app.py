@@ -17,6 +17,7 @@ from marl_runner.cli.evaluate import add_evaluate_parser, run_evaluate
 from marl_runner.cli.plot import add_plot_parser, run_plot
 from marl_runner.cli.sample import add_sample_parser, run_sample
 from marl_runner.cli.serve import add_serve_parser, run_serve
+from marl_runner.cli.stopping import exit_code_of, sigterm_as_interrupt
 from marl_runner.cli.validate import add_validate_parser, run_validate
 
 __all__ = ["build_parser", "main"]
@@ -42,12 +43,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
-        return COMMANDS[args.command](args)
+        with sigterm_as_interrupt():
+            return COMMANDS[args.command](args)
     except CommandError as exc:
         if args.traceback:
             traceback.print_exc()
         print(f"marl-runner {args.command}: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except KeyboardInterrupt as exc:  # a command with no clean-up of its own to do
+        print(f"marl-runner {args.command}: interrupted", file=sys.stderr)
+        return exit_code_of(exc)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -229,7 +229,7 @@ def add_metrics_out_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="write the metrics as JSON lines to FILE (created with its parent directories, "
         "replaced if it exists): one record per --metrics-interval and a last one when the "
-        "command ends, also on Ctrl-C or an error; see docs/METRICS.md, draw it with "
+        "command ends, also on Ctrl-C, SIGTERM or an error; see docs/METRICS.md, draw it with "
         "`marl-runner plot FILE`",
     )
     parser.add_argument(

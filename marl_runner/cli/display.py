@@ -92,22 +92,34 @@ def print_run_summary(
     metrics_log: Any = None,
     notes: Sequence[str] = (),
     interrupted: bool = False,
+    title: str = "sampling metrics",
 ) -> None:
     """The end of a run, the same for every command: the metrics table, ``notes``, what was
-    written to ``out_dir`` and to the metrics log, and whether it was interrupted."""
-    console.print(metrics_table(metrics, counts))
+    written to ``out_dir`` and to the metrics log, and whether it was interrupted; counted
+    in words that agree with their numbers ("1 batch")."""
+    table = metrics_table(metrics, counts)
+    table.title = title
+    console.print(table)
     lines = list(notes)
     if out_dir is not None:
-        episodes = "" if counts.episodes is None else f"{counts.episodes} episodes, "
+        episodes = "" if counts.episodes is None else f"{counted(counts.episodes, 'episode')}, "
         lines.append(
-            f"wrote {counts.batches} batches ({episodes}{counts.env_steps} env steps) to {out_dir}"
+            f"wrote {counted(counts.batches, 'batch', 'batches')} "
+            f"({episodes}{counted(counts.env_steps, 'env step')}) to {out_dir}"
         )
     if metrics_log is not None:
-        lines.append(f"wrote {metrics_log.num_records} metrics records to {metrics_log.path}")
+        lines.append(
+            f"wrote {counted(metrics_log.num_records, 'metrics record')} to {metrics_log.path}"
+        )
     if interrupted:
         lines.append("interrupted: the metrics cover what was sampled so far")
     for line in lines:
         console.print(line, highlight=False, soft_wrap=True, markup=False)
+
+
+def counted(number: int, singular: str, plural: str | None = None) -> str:
+    """``number`` and the noun that agrees with it: "1 batch", "2 batches"."""
+    return f"{number} {singular if number == 1 else plural or singular + 's'}"
 
 
 def spaces_table(rows: list[tuple[str, str, str, str]]) -> Table:

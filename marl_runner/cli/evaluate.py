@@ -34,12 +34,12 @@ from marl_runner.checkpoint.evaluation import (
 from marl_runner.cli.common import (
     EXIT_BAD_CONFIG,
     EXIT_FAILURE,
-    EXIT_INTERRUPTED,
     EXIT_OK,
     CommandError,
     describe,
     positive_int,
 )
+from marl_runner.cli.stopping import exit_code_of
 from marl_runner.config import ConfigError
 
 __all__ = ["add_evaluate_parser", "evaluation_table", "run_evaluate"]
@@ -158,8 +158,8 @@ def run_evaluate(args: argparse.Namespace) -> int:
         raise CommandError(exc.cli_message(), EXIT_BAD_CONFIG) from exc
     except (CheckpointError, ConfigError, EvaluationError, ImportPathError) as exc:
         raise CommandError(str(exc), EXIT_BAD_CONFIG) from exc
-    except KeyboardInterrupt:
-        raise CommandError("interrupted before the episodes were done", EXIT_INTERRUPTED) from None
+    except KeyboardInterrupt as exc:
+        raise CommandError("interrupted before the episodes were done", exit_code_of(exc)) from None
     except Exception as exc:
         raise CommandError(describe(exc), EXIT_FAILURE) from exc
     summary = evaluation.summary()

@@ -11,7 +11,6 @@ from rich.console import Console
 
 from marl_runner.cli.common import (
     EXIT_FAILURE,
-    EXIT_INTERRUPTED,
     EXIT_OK,
     BatchFileWriter,
     CheckedMapping,
@@ -29,6 +28,7 @@ from marl_runner.cli.common import (
     probe_agents,
 )
 from marl_runner.cli.display import print_run_summary
+from marl_runner.cli.stopping import exit_code_of
 from marl_runner.config import RunnerConfig
 from marl_runner.metrics_log import MetricsLogWriter, RunMetrics
 from marl_runner.progress import ProgressReporter, SampleCounts, count_batches, make_progress
@@ -156,7 +156,7 @@ def _sample(
                     writer = (
                         None if args.out is None else BatchFileWriter(args.out, args.format, group)
                     )
-                    interrupted = _sample_until(
+                    exit_code = _sample_until(
                         group, counts, unit, target, progress, writer, run_metrics
                     )
             finally:
@@ -168,9 +168,10 @@ def _sample(
         raise CommandError(describe(exc), EXIT_FAILURE) from exc
 
     print_run_summary(
-        console, metrics, counts, out_dir=args.out, metrics_log=metrics_log, interrupted=interrupted
+        console, metrics, counts, out_dir=args.out, metrics_log=metrics_log,
+        interrupted=exit_code != EXIT_OK,
     )
-    return EXIT_INTERRUPTED if interrupted else EXIT_OK
+    return exit_code
 
 
 def _sample_until(
@@ -181,11 +182,11 @@ def _sample_until(
     progress: ProgressReporter,
     writer: BatchFileWriter | None,
     run_metrics: RunMetrics,
-) -> bool:
+) -> int:
     """Takes batches from ``group.iter_batches()`` (each one ``EnvRunner.sample()`` of a
     runner) until ``counts.<unit>`` reaches ``target``, writing each as it arrives and
-    logging metrics when their interval has passed; returns True when stopped early
-    by Ctrl-C.
+    logging metrics when their interval has passed; returns the exit code: 0, or
+    130/143 when stopped early by Ctrl-C/SIGTERM.
 
     A batch counts once it is written, so after Ctrl-C the summary
     names exactly the batches on disk. The counts' clock (the progress
@@ -198,11 +199,11 @@ def _sample_until(
             if writer is not None:
                 writer.write(batch, counts.batches + 1)
             run_metrics.poll()
-    except KeyboardInterrupt:
-        return True
+    except KeyboardInterrupt as exc:
+        return exit_code_of(exc)
     finally:
         batches.close()
-    return False
+    return EXIT_OK
 
 
 def _require_ray() -> None:

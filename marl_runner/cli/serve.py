@@ -49,7 +49,13 @@ from marl_runner.cli.common import (
     positive_int,
     prepare_outputs,
 )
-from marl_runner.cli.display import ProgressReporter, SampleCounts, make_progress, metrics_table
+from marl_runner.cli.display import (
+    ProgressReporter,
+    SampleCounts,
+    counted,
+    make_progress,
+    print_run_summary,
+)
 from marl_runner.config import RunnerConfig
 from marl_runner.metrics_log import MetricsLogWriter, RunMetrics
 from marl_runner.serving.batches import num_episodes
@@ -280,29 +286,12 @@ def _print_summary(
     metrics_log: MetricsLogWriter | None,
     uploaded: int,
 ) -> None:
-    """The serving metrics table, then what was written where, counted in words that agree
-    with their numbers ("1 episode")."""
-    table = metrics_table(metrics, counts)
-    table.title = "serving metrics"
-    console.print(table)
-    lines = []
-    if uploaded:
-        lines.append(f"{_count(uploaded, 'batch', 'batches')} came from local-inference clients")
-    if out_dir is not None:
-        lines.append(
-            f"wrote {_count(counts.batches, 'batch', 'batches')} "
-            f"({_count(counts.episodes, 'episode')}, {_count(counts.env_steps, 'env step')}) "
-            f"to {out_dir}"
-        )
-    if metrics_log is not None:
-        lines.append(f"wrote {_count(metrics_log.num_records, 'metrics record')} to "
-                     f"{metrics_log.path}")
-    for line in lines:
-        console.print(line, highlight=False, soft_wrap=True, markup=False)
-
-
-def _count(number: int, singular: str, plural: str | None = None) -> str:
-    return f"{number} {singular if number == 1 else plural or singular + 's'}"
+    """The serving metrics table, then what was written where, as `sample` prints it."""
+    uploads = [f"{counted(uploaded, 'batch', 'batches')} came from local-inference clients"]
+    print_run_summary(
+        console, metrics, counts, out_dir=out_dir, metrics_log=metrics_log,
+        notes=uploads if uploaded else (), title="serving metrics",
+    )
 
 
 def _stop_serving(runner: Any, server: Any, writer: _Writer, workers: list) -> None:
@@ -516,10 +505,11 @@ class _ServeLines(ProgressReporter):
         self.interval_s = interval_s
         self._last = -float("inf")
         self._counts: SampleCounts | None = None
+        self._last_line = ""
 
     def __exit__(self, *exc_info: object) -> None:
         if self._counts is not None:
-            self._print(self._counts)
+            self._print(self._counts, unless_unchanged=True)
 
     def _show(self, counts: SampleCounts) -> None:
         """Prints a line when `interval_s` has passed since the last one; keeps the counts."""
@@ -527,12 +517,16 @@ class _ServeLines(ProgressReporter):
         if time.perf_counter() - self._last >= self.interval_s:
             self._print(counts)
 
-    def _print(self, counts: SampleCounts) -> None:
+    def _print(self, counts: SampleCounts, unless_unchanged: bool = False) -> None:
         faulty = f" ({counts.faulty_episodes} faulty)" if counts.faulty_episodes else ""
         line = (
-            f"serving: {counts.env_steps} env steps, {counts.episodes} episodes{faulty}, "
+            f"serving: {counted(counts.env_steps, 'env step')}, "
+            f"{counted(counts.episodes, 'episode')}{faulty}, "
             f"{counts.env_steps_per_s():,.0f} env steps/s, {counts.elapsed_s:.1f}s elapsed"
         )
+        if unless_unchanged and line == self._last_line:
+            return
+        self._last_line = line
         self.console.file.write(line + "\n")
         self.console.file.flush()
         self._last = time.perf_counter()

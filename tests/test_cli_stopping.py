@@ -1,0 +1,47 @@
+"""SIGTERM stops a command as Ctrl-C does (the sampling run's own test is in
+test_cli_metrics_out: a complete log, the summary, exit 143)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+import marl_runner.cli.app as app
+from marl_runner.cli import main
+from marl_runner.cli.stopping import Terminated, sigterm_as_interrupt
+
+
+def _sigterm_self() -> None:
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(5)  # the handler raises at once
+
+
+def test_the_first_sigterm_raises_later_ones_wait_for_the_clean_up() -> None:
+    previous = signal.getsignal(signal.SIGTERM)
+    cleaned_up = False
+    with sigterm_as_interrupt():
+        try:
+            _sigterm_self()
+            raise AssertionError("SIGTERM raised nothing")
+        except Terminated:
+            os.kill(os.getpid(), signal.SIGTERM)  # ignored: the clean-up goes on
+            time.sleep(0.1)
+            cleaned_up = True
+    assert cleaned_up
+    assert signal.getsignal(signal.SIGTERM) is previous
+
+
+@pytest.mark.parametrize(("interrupt", "exit_code"), [(KeyboardInterrupt, 130), (Terminated, 143)])
+def test_a_command_without_clean_up_of_its_own_says_it_was_interrupted(
+    monkeypatch, capsys, interrupt, exit_code
+) -> None:
+    def interrupted(args) -> int:
+        raise interrupt
+
+    monkeypatch.setitem(app.COMMANDS, "plot", interrupted)
+    assert main(["plot", "runs/none"]) == exit_code
+    err = capsys.readouterr().err
+    assert err == "marl-runner plot: interrupted\n"
