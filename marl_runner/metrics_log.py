@@ -22,7 +22,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from marl_runner.metrics_merge import merge_metrics
+from marl_runner.metrics_merge import DictMeans, merge_metrics
 
 __all__ = [
     "MetricsLogWriter",
@@ -129,8 +129,8 @@ class RunMetrics:
         # The intervals read so far, folded into one as each is read, so a run of any
         # length holds one dict (a server logging every minute for months included).
         self._summary: dict[str, Any] | None = None
-        # Per perf time: (sum, count) over the intervals, whose merge is a plain mean.
-        self._perf_totals: dict[str, list[float]] = {}
+        # The perf times' mean over the intervals (not a merge of merges: a plain mean).
+        self._perf_means = DictMeans()
         self._unlogged: list[dict[str, Any]] = []
         self._start = self._logged_at = time.perf_counter()
 
@@ -185,17 +185,13 @@ class RunMetrics:
         """Adds one interval to the summary: the same merge as of every interval at once
         (counts, episode-weighted means, min/max, the latest state, the last messages),
         with the perf times' mean kept exact by their sums and counts."""
-        for name, value in (metrics.get("perf") or {}).items():
-            if isinstance(value, int | float) and not math.isnan(value):
-                total = self._perf_totals.setdefault(name, [0.0, 0])
-                total[0] += value
-                total[1] += 1
+        self._perf_means.add(metrics.get("perf"))
         if self._summary is None:
             self._summary = dict(metrics)
             return
         merged = self._merge([self._summary, metrics], self._start)
         if "perf" in merged:
-            merged["perf"] = {name: sum_ / count for name, (sum_, count) in self._perf_totals.items()}
+            merged["perf"] = self._perf_means.means()
         self._summary = merged
 
 

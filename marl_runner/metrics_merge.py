@@ -69,10 +69,27 @@ def _weighted_dicts(parts: Sequence[dict[str, Any]], key: str, episodes: Sequenc
     }
 
 
-def _mean_dicts(values: Sequence[dict[str, float]]) -> dict[str, float]:
-    collected: dict[str, list[float]] = defaultdict(list)
-    for value in values:
-        for name, number in (value or {}).items():
+class DictMeans:
+    """Per name, the mean of the finite numbers of dicts added one at a time: how perf
+    times merge (a plain mean over parts), kept as sums and counts so that parts can be
+    added as they come without keeping them."""
+
+    def __init__(self) -> None:
+        self._totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+
+    def add(self, values: dict[str, float] | None) -> None:
+        for name, number in (values or {}).items():
             if _finite(number):
-                collected[name].append(number)
-    return {name: sum(numbers) / len(numbers) for name, numbers in collected.items()}
+                total = self._totals[name]
+                total[0] += number
+                total[1] += 1
+
+    def means(self) -> dict[str, float]:
+        return {name: total / count for name, (total, count) in self._totals.items()}
+
+
+def _mean_dicts(values: Sequence[dict[str, float]]) -> dict[str, float]:
+    means = DictMeans()
+    for value in values:
+        means.add(value)
+    return means.means()

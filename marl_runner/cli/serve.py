@@ -508,8 +508,8 @@ class _ServeLines(ProgressReporter):
         self._last_line = ""
 
     def __exit__(self, *exc_info: object) -> None:
-        if self._counts is not None:
-            self._print(self._counts, unless_unchanged=True)
+        if self._counts is not None and self._line(self._counts) != self._last_line:
+            self._print(self._counts)
 
     def _show(self, counts: SampleCounts) -> None:
         """Prints a line when `interval_s` has passed since the last one; keeps the counts."""
@@ -517,16 +517,17 @@ class _ServeLines(ProgressReporter):
         if time.perf_counter() - self._last >= self.interval_s:
             self._print(counts)
 
-    def _print(self, counts: SampleCounts, unless_unchanged: bool = False) -> None:
+    def _print(self, counts: SampleCounts) -> None:
+        line = self._last_line = self._line(counts)
+        self.console.file.write(line + "\n")
+        self.console.file.flush()
+        self._last = time.perf_counter()
+
+    @staticmethod
+    def _line(counts: SampleCounts) -> str:
         faulty = f" ({counts.faulty_episodes} faulty)" if counts.faulty_episodes else ""
-        line = (
+        return (
             f"serving: {counted(counts.env_steps, 'env step')}, "
             f"{counted(counts.episodes, 'episode')}{faulty}, "
             f"{counts.env_steps_per_s():,.0f} env steps/s, {counts.elapsed_s:.1f}s elapsed"
         )
-        if unless_unchanged and line == self._last_line:
-            return
-        self._last_line = line
-        self.console.file.write(line + "\n")
-        self.console.file.flush()
-        self._last = time.perf_counter()
