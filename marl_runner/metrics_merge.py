@@ -78,6 +78,7 @@ class DictMeans:
         self._totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
 
     def add(self, values: dict[str, float] | None) -> None:
+        """One part's numbers (non-finite ones left out, as every merge here does)."""
         for name, number in (values or {}).items():
             if _finite(number):
                 total = self._totals[name]
@@ -85,6 +86,7 @@ class DictMeans:
                 total[1] += 1
 
     def means(self) -> dict[str, float]:
+        """The mean per name over the parts added so far that had it."""
         return {name: total / count for name, (total, count) in self._totals.items()}
 
 
