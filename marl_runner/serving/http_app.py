@@ -127,9 +127,10 @@ class HttpEndpoint:
         """Starts the event loop thread and begins accepting connections; returns `self`."""
 
         def run() -> None:
-            asyncio.set_event_loop(self.loop)
-            self.loop.run_forever()
-            self.loop.close()
+            # Closing the Runner cancels and awaits the tasks left, then the executor: aiohttp
+            # forgets a handler whose client left, so cleanup() alone would not end it.
+            with asyncio.Runner(loop_factory=lambda: self.loop):
+                self.loop.run_forever()
 
         self._thread = threading.Thread(target=run, name="marl-runner-http", daemon=True)
         self._thread.start()
@@ -187,7 +188,6 @@ class HttpEndpoint:
         assert self._web_runner is not None
         try:
             await self._web_runner.cleanup()
-            await self.loop.shutdown_default_executor()
         finally:
             self.loop.stop()
 
