@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -34,6 +34,7 @@ __all__ = [
     "UNIT_LABELS",
     "ProgressReporter",
     "SampleCounts",
+    "count_batch",
     "count_batches",
     "make_progress",
     "sample_with_progress",
@@ -203,21 +204,28 @@ def count_batches(
     target: int,
     progress: ProgressReporter,
     totals: Any = None,
+    stopped: Callable[[], bool] = lambda: False,
 ) -> Iterator[Any]:
-    """Yields batches from ``batches`` until ``counts.<unit>`` reaches ``target``.
+    """Yields batches from ``batches`` until ``counts.<unit>`` reaches ``target`` or
+    ``stopped()`` is true.
 
     A batch is counted (and the display updated) when the caller's loop body
     for it has finished, so a batch the caller failed to write is not
     counted. ``totals`` (an ``EnvRunnerGroup``'s) supplies the episode counts.
     """
-    while _done(counts, unit) < target:
+    while _done(counts, unit) < target and not stopped():
         batch = next(batches)
         yield batch
-        counts.add(batch)
-        if totals is not None:
-            counts.episodes = totals.episodes
-            counts.faulty_episodes = totals.faulty_episodes
-        progress.update(counts)
+        count_batch(batch, counts, progress, totals)
+
+
+def count_batch(batch: Any, counts: SampleCounts, progress: ProgressReporter, totals: Any = None) -> None:
+    """Counts a batch handed out (``totals``: the group's episode counts) and shows it."""
+    counts.add(batch)
+    if totals is not None:
+        counts.episodes = totals.episodes
+        counts.faulty_episodes = totals.faulty_episodes
+    progress.update(counts)
 
 
 def sample_with_progress(

@@ -167,6 +167,8 @@ class FakeRunner:
     raise) and records its life cycle."""
 
     script: list[FakeSample | BaseException] = []
+    #: What ``flush()`` hands out: the rows sampled and not yet in a batch (None: none).
+    rest: FakeSample | None = None
     instances: list[FakeRunner] = []
 
     def __init__(self, config: RunnerConfig, **kwargs: Any) -> None:
@@ -186,6 +188,17 @@ class FakeRunner:
             raise item
         self._unreported = item.metrics()
         return fake_batch(item.env_steps)
+
+    def request_stop(self) -> None:
+        self.stop_requested = True
+
+    def flush(self) -> MultiAgentBatch:
+        """Like EnvRunner: ``rest`` once, then nothing."""
+        rest, FakeRunner.rest = self.rest, None
+        if rest is None:
+            return MultiAgentBatch({}, env_steps=0)
+        self._unreported = rest.metrics()
+        return fake_batch(rest.env_steps)
 
     def get_metrics(self) -> dict[str, Any]:
         """Like EnvRunner: what happened since the last call."""
@@ -209,6 +222,7 @@ def fake_runner(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[FakeRunner]]:
     # sample builds one sub-env to estimate its batch's memory; the fake has no env.
     monkeypatch.setattr(marl_runner.cli.sample, "probe_agents", lambda *_: ([], False))
     FakeRunner.instances = []
+    FakeRunner.rest = None
     FakeRunner.script = [FakeSample(), FakeSample(episodes=1), FakeSample(faulty=1)]
     yield FakeRunner
     assert all(runner.stopped for runner in FakeRunner.instances)

@@ -19,6 +19,7 @@ import pytest
 
 import marl_runner.cli.sample as cli_sample
 from marl_runner import Callbacks
+from marl_runner.checks import check_batch_invariants
 from marl_runner.cli import main
 from marl_runner.client import PolicyClient
 from marl_runner.io import read_batches
@@ -44,15 +45,36 @@ class InterruptOnThirdSample(Callbacks):
             raise KeyboardInterrupt
 
 
-class TerminateOnThirdSample(InterruptOnThirdSample):
-    """SIGTERM to the process in the middle of the third ``sample()``, as a scheduler's stop."""
+class CtrlCMidSample(Callbacks):
+    """A first Ctrl-C in the middle of the third ``sample()``: when its 20th episode ends
+    (2 sub-envs end an episode together every 25 rounds, 8 per sample), at round 50."""
 
-    def on_sample_end(self, **kwargs: Any) -> None:
-        self.samples += 1
-        if self.samples == 3:
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(5)  # the handler raises at once; without it the process is gone
-            raise AssertionError("SIGTERM did not stop the command")
+    signum = signal.SIGINT
+
+    def __init__(self) -> None:
+        self.episodes = 0
+
+    def on_episode_end(self, **kwargs: Any) -> None:
+        self.episodes += 1
+        if self.episodes == 20:
+            os.kill(os.getpid(), self.signum)
+
+
+class TerminateMidSample(CtrlCMidSample):
+    """SIGTERM there instead, as a scheduler's stop."""
+
+    signum = signal.SIGTERM
+
+
+class CtrlCTwiceMidSample(CtrlCMidSample):
+    """Ctrl-C twice there: the second stops the command at once (an env that hangs)."""
+
+    def on_episode_end(self, **kwargs: Any) -> None:
+        super().on_episode_end(**kwargs)
+        if self.episodes == 20:
+            os.kill(os.getpid(), self.signum)
+            time.sleep(5)  # the handler raises at once
+            raise AssertionError("the second Ctrl-C did not stop the command")
 
 
 class FailOnThirdSample(InterruptOnThirdSample):
@@ -143,13 +165,44 @@ def test_a_long_interval_still_leaves_one_record_for_the_whole_run(tmp_path) -> 
     assert math.isclose(rewards["player_1"], -rewards["player_2"], abs_tol=1e-9)
 
 
+@pytest.mark.parametrize(("callbacks", "exit_code"), [("CtrlCMidSample", 130), ("TerminateMidSample", 143)])
+def test_ctrl_c_or_sigterm_writes_every_finished_episode(tmp_path, capsys, callbacks, exit_code) -> None:
+    """The third sample returns at the end of the round in which the signal came, with
+    its rows so far (a fragment cut short): every finished episode is on disk, and the
+    log, the files and the summary agree."""
+    log, out = tmp_path / "metrics.jsonl", tmp_path / "out"
+    code = main(
+        [
+            "sample", str(SIMPLE_SPREAD), "--steps", "100000", *SMALL, "--out", str(out),
+            "--set", f"callbacks=tests.test_cli_metrics_out:{callbacks}",
+            "--metrics-out", str(log), "--metrics-interval", "0",
+        ]
+    )
+    captured = capsys.readouterr()
+    assert code == exit_code, captured.err
+    assert "interrupted" in captured.out and "Traceback" not in captured.err
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the command's handlers are gone
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    batches = list(read_batches(out))
+    assert [b.env_steps() for b in batches] == [200, 200, 100]
+    for batch in batches:
+        check_batch_invariants(batch)
+    shared = [b.policy_batches["shared"] for b in batches]
+    last_rows = sum(int(np.sum(b["terminateds"] | b["truncateds"])) for b in shared)
+    assert last_rows == 20 * 3  # 20 episodes of 3 agents, each to its end
+    records = read_metrics_log(log)
+    assert sum(r["episodes"] for r in records) == 20
+    check_records_add_up(records, *batch_steps(out))
+    assert "wrote 3 batches (20 episodes, 500 env steps)" in captured.out
+
+
 @pytest.mark.parametrize(
     ("callbacks", "exit_code"),
-    [("InterruptOnThirdSample", 130), ("TerminateOnThirdSample", 143), ("FailOnThirdSample", 1)],
+    [("CtrlCTwiceMidSample", 130), ("InterruptOnThirdSample", 130), ("FailOnThirdSample", 1)],
 )
-def test_ctrl_c_sigterm_or_an_error_leaves_a_complete_log(tmp_path, capsys, callbacks, exit_code) -> None:
-    """The third sample never returns: the log and the batch files agree on the first two,
-    and the summary says how it ended."""
+def test_a_hard_interrupt_or_an_error_leaves_a_complete_log(tmp_path, capsys, callbacks, exit_code) -> None:
+    """The third sample never returns (a second Ctrl-C, which stops at once, or an error):
+    the log and the batch files agree on the first two, and the summary says how it ended."""
     log, out = tmp_path / "metrics.jsonl", tmp_path / "out"
     code = main(
         [
@@ -184,11 +237,16 @@ def test_ctrl_c_sigterm_or_an_error_leaves_a_complete_log(tmp_path, capsys, call
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("sent", "exit_code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_sigint_or_sigterm_to_the_command_leaves_a_complete_log(tmp_path, sent, exit_code) -> None:
+@pytest.mark.parametrize(
+    ("sent", "exit_code", "workers"),
+    [(signal.SIGINT, 130, 0), (signal.SIGTERM, 143, 0), (signal.SIGINT, 130, 2), (signal.SIGTERM, 143, 2)],
+)
+def test_sigint_or_sigterm_to_the_command_leaves_a_complete_log(tmp_path, sent, exit_code, workers) -> None:
     """A real Ctrl-C (SIGINT), or a scheduler's stop (SIGTERM), at a random point of the
-    sampling loop, in a subprocess."""
-    log = tmp_path / "metrics.jsonl"
+    sampling loop, sent to the command's whole process group (env worker processes too,
+    as a terminal and Slurm do): every episode it counts is on disk, to its end."""
+    log, out = tmp_path / "metrics.jsonl", tmp_path / "out"
+    processes = ["--set", "vectorize=subprocess", "--set", f"num_workers={workers}"] if workers else []
     command = subprocess.Popen(
         [
             sys.executable,
@@ -199,6 +257,9 @@ def test_sigint_or_sigterm_to_the_command_leaves_a_complete_log(tmp_path, sent, 
             "--steps",
             "10000000",
             *SMALL,
+            *processes,
+            "--out",
+            str(out),
             "--metrics-out",
             str(log),
             "--metrics-interval",
@@ -209,13 +270,14 @@ def test_sigint_or_sigterm_to_the_command_leaves_a_complete_log(tmp_path, sent, 
         stderr=subprocess.STDOUT,
         text=True,
         env={**os.environ, "PYTHONPATH": str(REPO)},
+        start_new_session=True,
     )
     try:
         deadline = time.monotonic() + 60
         while not (log.exists() and log.read_text().count("\n") >= 3):
             assert command.poll() is None and time.monotonic() < deadline, command.stdout.read()
             time.sleep(0.05)
-        command.send_signal(sent)
+        os.killpg(command.pid, sent)
         output, _ = command.communicate(timeout=60)
     finally:
         if command.poll() is None:
@@ -226,8 +288,16 @@ def test_sigint_or_sigterm_to_the_command_leaves_a_complete_log(tmp_path, sent, 
     assert log.read_text().endswith("}\n")
     records = read_metrics_log(log)
     assert len(records) >= 3
-    check_records_add_up(records, records[-1]["env_steps"], records[-1]["agent_steps"])
+    check_records_add_up(records, *batch_steps(out))
     assert re.search(rf"env steps\s*│\s*{records[-1]['env_steps']:,}\b", output)
+    episodes = sum(r["episodes"] for r in records)
+    assert f"({episodes} episodes, {records[-1]['env_steps']} env steps)" in output
+    last_rows = sum(
+        int(np.sum(b.policy_batches["shared"]["terminateds"] | b.policy_batches["shared"]["truncateds"]))
+        for b in read_batches(out)
+    )
+    assert last_rows == 3 * episodes
+    assert re.search(r"faulty episodes\s*│\s*0\b", output)  # no worker was stopped under it
 
 
 @pytest.mark.parametrize(
@@ -362,6 +432,9 @@ def test_runners_in_ray_log_every_batch_of_every_runner(ray_local, tmp_path) -> 
     assert code == 0
     records = read_metrics_log(log)
     env_steps, agent_steps = batch_steps(out)
-    assert env_steps >= 1600 and len(records) == env_steps // 200
+    # The last file holds the samples still running when the target was reached (flushed).
+    assert env_steps >= 1600 and len(records) == len(list(read_batches(out)))
     check_records_add_up(records, env_steps, agent_steps)
-    assert all(r["num_healthy_runners"] == 2 and r["episodes"] == 8 for r in records)
+    assert all(r["num_healthy_runners"] == 2 for r in records)
+    assert all(r["episodes"] == 8 for r in records[:-1])  # 2 sub-envs x 4 episodes of 25 steps
+    assert sum(r["episodes"] for r in records) == env_steps // 25

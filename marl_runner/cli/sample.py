@@ -28,10 +28,16 @@ from marl_runner.cli.common import (
     probe_agents,
 )
 from marl_runner.cli.display import print_run_summary
-from marl_runner.cli.stopping import exit_code_of
+from marl_runner.cli.stopping import GracefulStop, exit_code_of
 from marl_runner.config import RunnerConfig
 from marl_runner.metrics_log import MetricsLogWriter, RunMetrics
-from marl_runner.progress import ProgressReporter, SampleCounts, count_batches, make_progress
+from marl_runner.progress import (
+    ProgressReporter,
+    SampleCounts,
+    count_batch,
+    count_batches,
+    make_progress,
+)
 
 __all__ = ["add_sample_parser", "run_sample"]
 
@@ -58,8 +64,8 @@ def add_sample_parser(commands: Any, common: argparse.ArgumentParser) -> None:
         "--episodes",
         type=positive_int,
         metavar="N",
-        help="stop after N episodes have finished (faulty ones not counted); in "
-        "truncate_episodes mode the tail of an episode not yet in a full fragment is not written",
+        help="stop after N episodes have finished (faulty ones not counted); the last batch "
+        "holds the rows not yet in a full fragment, so every finished episode is written",
     )
     sample.add_argument(
         "--count-steps-by",
@@ -184,9 +190,11 @@ def _sample_until(
     run_metrics: RunMetrics,
 ) -> int:
     """Takes batches from ``group.iter_batches()`` (each one ``EnvRunner.sample()`` of a
-    runner) until ``counts.<unit>`` reaches ``target``, writing each as it arrives and
-    logging metrics when their interval has passed; returns the exit code: 0, or
-    130/143 when stopped early by Ctrl-C/SIGTERM.
+    runner) until ``counts.<unit>`` reaches ``target`` or a first Ctrl-C/SIGTERM asks to
+    stop, writing each as it arrives and logging metrics when their interval has passed;
+    then writes what the group sampled and had not handed out (``group.flush()``), so
+    every finished episode is on disk however the run ends. Returns the exit code: 0, or
+    130/143 when stopped early by Ctrl-C/SIGTERM (a second one stops at once).
 
     A batch counts once it is written, so after Ctrl-C the summary
     names exactly the batches on disk. The counts' clock (the progress
@@ -194,16 +202,25 @@ def _sample_until(
     line and of the final table are the same numbers.
     """
     batches = group.iter_batches()
-    try:
-        for batch in count_batches(batches, counts, unit, target, progress, group.totals):
-            if writer is not None:
-                writer.write(batch, counts.batches + 1)
-            run_metrics.poll()
-    except KeyboardInterrupt as exc:
-        return exit_code_of(exc)
-    finally:
-        batches.close()
-    return EXIT_OK
+    with GracefulStop(group.request_stop) as stop:
+        try:
+            for batch in count_batches(
+                batches, counts, unit, target, progress, group.totals, lambda: stop.requested
+            ):
+                if writer is not None:
+                    writer.write(batch, counts.batches + 1)
+                run_metrics.poll()
+            batches.close()
+            rest = group.flush()
+            if rest.agent_steps():
+                if writer is not None:
+                    writer.write(rest, counts.batches + 1)
+                count_batch(rest, counts, progress, group.totals)
+        except KeyboardInterrupt as exc:
+            return exit_code_of(exc)
+        finally:
+            batches.close()
+    return stop.exit_code
 
 
 def _require_ray() -> None:

@@ -5,17 +5,20 @@ SIGTERM, whose default action ends it on the spot: no summary, and the
 metrics log without its last record. While a command runs, the first
 SIGTERM raises ``Terminated`` (a ``KeyboardInterrupt``) in the main thread
 instead, so every command's Ctrl-C path runs; it exits 143 (128 + 15).
+While `sample` samples, ``GracefulStop`` takes both signals over: the first
+asks the run to stop after its round and write what it sampled.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
 
-from marl_runner.cli.common import EXIT_INTERRUPTED
+from marl_runner.cli.common import EXIT_INTERRUPTED, EXIT_OK
 
 EXIT_TERMINATED = 128 + signal.SIGTERM
 
@@ -48,3 +51,48 @@ def sigterm_as_interrupt() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+class GracefulStop:
+    """While a run samples, the first Ctrl-C or SIGTERM asks it to stop (``on_request``,
+    which only sets flags) so that it writes what it has sampled, finished episodes
+    included; a second one stops it at once (``KeyboardInterrupt`` / ``Terminated``), for
+    an env that hangs. Outside the main thread it installs nothing."""
+
+    _SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, on_request: Callable[[], None]) -> None:
+        self._on_request = on_request
+        self._previous: dict[int, object] = {}
+        self.signum: int | None = None
+
+    @property
+    def requested(self) -> bool:
+        """Whether a stop was asked for."""
+        return self.signum is not None
+
+    @property
+    def exit_code(self) -> int:
+        """0 while no stop was asked for; else 130 after Ctrl-C, 143 after SIGTERM."""
+        if self.signum is None:
+            return EXIT_OK
+        return EXIT_TERMINATED if self.signum == signal.SIGTERM else EXIT_INTERRUPTED
+
+    def __enter__(self) -> GracefulStop:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {signum: signal.signal(signum, self._handle) for signum in self._SIGNALS}
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.signum is not None:
+            if signum == signal.SIGTERM:
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the clean-up is not cut short
+                raise Terminated
+            raise KeyboardInterrupt
+        self.signum = signum
+        os.write(2, b"\nstopping: writing what was sampled (again to stop at once)\n")
+        self._on_request()

@@ -40,6 +40,10 @@ class RunnerActor:
         batch = self.runner.sample(**sample_kwargs)
         return batch, self.runner.get_metrics()
 
+    def flush(self) -> tuple[Any, dict[str, Any]]:
+        """`(batch, metrics)` of `EnvRunner.flush`, as `sample` replies: the end of a run."""
+        return self.runner.flush(), self.runner.get_metrics()
+
     def get_weights(self) -> dict[str, Any]:
         """The policies' weights; the group starts every runner from runner 1's when it
         has no local runner."""

@@ -9,7 +9,7 @@ from operator import methodcaller
 from time import perf_counter
 from typing import Any
 
-from marl_runner.batch import concat_samples
+from marl_runner.batch import MultiAgentBatch, concat_samples
 from marl_runner.config import RunnerConfig
 from marl_runner.distributed.filter_states import (
     FilterStates,
@@ -199,6 +199,32 @@ class EnvRunnerGroup:
                 self._request_samples({runner_id}, sample_kwargs)  # busy while the caller works
             yield batch
 
+    def request_stop(self) -> None:
+        """The local runner's `sample()` returns at the end of its round (`EnvRunner.
+        request_stop`); a remote runner's running sample finishes as it would. Only sets
+        flags: a Ctrl-C or SIGTERM handler may call it."""
+        if self.local_runner is not None:
+            self.local_runner.request_stop()
+
+    def flush(self) -> Any:
+        """Everything the runners sampled and have not handed out, as one MultiAgentBatch,
+        for the end of a run, so that every finished episode gets out: the samples still
+        running (waited for: one sample's time at most), then each runner's
+        `EnvRunner.flush()`. A runner that dies meanwhile loses its part, as in `sample`."""
+        if not self.num_runners:
+            batch = self.local_runner.flush()
+            self._note_sample(batch, self.local_runner.get_metrics())
+            return batch
+        batches = []
+        while self._in_flight:
+            batch, _ = self._next_result()
+            if batch is not None:
+                batches.append(batch)
+        for batch, metrics in self._call_remote("flush").values():
+            self._note_sample(batch, metrics)
+            batches.append(batch)
+        return concat_samples(batches) if batches else MultiAgentBatch({}, env_steps=0)
+
     # ------------------------------------------------------------------ weights and state
 
     def sync_weights(self, weights: dict[str, Any] | None = None) -> None:
@@ -358,7 +384,7 @@ class EnvRunnerGroup:
     def _note_sample(self, batch: Any, metrics: dict[str, Any]) -> None:
         self._metric_parts.append(metrics)
         totals = self.totals
-        totals.batches += 1
+        totals.batches += bool(batch.env_steps() or batch.agent_steps())  # not an empty flush
         totals.env_steps += batch.env_steps()
         totals.agent_steps += batch.agent_steps()
         totals.episodes += metrics.get("episodes", 0)

@@ -223,7 +223,11 @@ def worker_main(
     goes while the worker is busy (building a slow sub-env, say), the worker
     is ended all the same (``exit_with_parent``, given the runner's ``parent_pid``).
     """
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    # Ctrl-C (sent to the whole process group) and SIGTERM (a scheduler stopping the job's
+    # processes) are the parent's to handle: it stops the run at the end of a round and
+    # then stops its workers; a worker whose parent is gone exits (``exit_with_parent``).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if parent_pid is not None:
         exit_with_parent(parent_pid)
     if cpu is not None:

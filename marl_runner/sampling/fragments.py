@@ -141,11 +141,16 @@ class FragmentBuilder:
 
     # ---- building
 
-    def build_ready(self, postprocess: Postprocess) -> list[MultiAgentBatch]:
-        """Every fragment that is due now."""
+    def build_ready(self, postprocess: Postprocess, *, flush: bool = False) -> list[MultiAgentBatch]:
+        """Every fragment that is due now. ``flush`` (the end of a run): in
+        ``truncate_episodes`` mode every sub-env's transitions stored since its last
+        fragment are due too, as fragments shorter than ``rollout_fragment_length``."""
         if self._truncate:
             counts = self._agent_steps if self._count_agent_steps else self._env_steps
-            ready = np.flatnonzero(counts >= self._length)
+            if flush:
+                ready = np.flatnonzero((self._env_steps > 0) | (self._agent_steps > 0))
+            else:
+                ready = np.flatnonzero(counts >= self._length)
             if not len(ready):
                 return []
             env_mask = np.zeros(len(counts), bool)

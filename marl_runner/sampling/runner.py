@@ -123,6 +123,7 @@ class EnvRunner:
         self._undelivered: list = []
         self._unreturned_batches: list[MultiAgentBatch] = []
         self._deferred_error: BaseException | None = None
+        self._stop_requested = False
         self._stopped = False
 
     # ------------------------------------------------------------------ policies
@@ -228,7 +229,9 @@ class EnvRunner:
         """Steps until the target is reached; by default one fragment (or episode) per sub-env.
 
         If it raises, the fragments it had built are not lost: the next call
-        returns them (and counts them towards its target).
+        returns them (and counts them towards its target). After
+        `request_stop()` it returns at the end of the round, with what
+        `flush()` hands out added.
         """
         batches = self._unreturned_batches
         env_steps = sum(b.env_steps() for b in batches)
@@ -253,12 +256,41 @@ class EnvRunner:
                 break
             if num_episodes is not None and self._fragments.built_episodes - start_episodes >= num_episodes:
                 break
+            if self._stop_requested:
+                batches.extend(self._fragments.build_ready(self._postprocess, flush=True))
+                self._stop_requested = False
+                break
         samples = concat_samples(batches)
         if "on_sample_end" in self._hooks:
             # Before the batches are let go: if the hook raises, the next call returns them.
             self.callbacks.on_sample_end(runner=self, samples=samples)
         self._unreturned_batches = []
         return samples
+
+    def request_stop(self) -> None:
+        """A running `sample()` returns at the end of its round, with `flush()`'s rows: how
+        a Ctrl-C or SIGTERM handler ends a run without losing finished episodes (setting a
+        flag is all it does, so a signal handler may call it)."""
+        self._stop_requested = True
+
+    def flush(self) -> MultiAgentBatch:
+        """Everything sampled and not handed out yet, for the end of a run, so that every
+        finished episode gets out: the fragments of a `sample()` that raised, and (in
+        `truncate_episodes` mode) each sub-env's transitions since its last fragment, as
+        fragments shorter than `rollout_fragment_length`. A fragment's episodes go on in
+        the next `sample()`, whose rows continue them (`continues`).
+
+        After a step that raised part-way, the sub-envs it had polled lose their rows not
+        yet in a fragment (their episodes are recorded as faulty), as the next step would.
+        """
+        outputs, self._undelivered = self._undelivered, []
+        if self._unfinished:
+            self._recover_interrupted_step(outputs)
+        batches = [*self._unreturned_batches, *(o for o in outputs if isinstance(o, MultiAgentBatch))]
+        self._unreturned_batches = []
+        batches.extend(self._fragments.build_ready(self._postprocess, flush=True))
+        self._stop_requested = False
+        return concat_samples(batches) if batches else MultiAgentBatch({}, env_steps=0)
 
     def step(self) -> list:
         """One round of the loop; returns built batches and episode metrics.

@@ -1,0 +1,134 @@
+"""`EnvRunner.flush()` and `request_stop()`: the end of a run hands out every transition
+sampled and not yet in a batch, so every finished episode gets out, and nothing is handed
+out twice; sampling goes on afterwards as if no flush had happened."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from marl_runner import Callbacks, EnvRunner, MultiAgentBatch, check_batch_invariants
+from tests.runner_helpers import config
+
+MLP = {"model": {"type": "mlp", "hidden": [8]}}
+ENVS = {
+    "kaz": (
+        "pettingzoo.butterfly.knights_archers_zombies_v11:parallel_env",
+        {"obs_method": "vector", "max_cycles": 40},
+    ),
+    "connect_four": ("pettingzoo.classic.connect_four_v3:env", {}),
+    "battle": ("magent2.environments.battle_v4:parallel_env", {"map_size": 16, "max_cycles": 30}),
+}
+COLUMNS = ("obs", "new_obs", "actions", "rewards", "terminateds", "truncateds", "action_logp")
+
+
+def _config(env: str, **overrides: Any) -> Any:
+    name, env_config = ENVS[env]
+    settings = {"num_envs": 2, "rollout_fragment_length": 13, "seed": 4, **overrides}
+    return config(name, env_config=env_config, policies={"shared": MLP}, **settings)
+
+
+def _rows(batches: list[MultiAgentBatch]) -> dict[str, np.ndarray]:
+    """Every transition of the batches, sorted by (sub-env, its n-th episode, agent, t):
+    a run's data independent of where its fragments were cut (episode ids are random)."""
+    policy_batches = [b.policy_batches["shared"] for b in batches if b.policy_batches]
+    columns = {name: np.concatenate([pb[name] for pb in policy_batches]) for name in COLUMNS}
+    env_ids, eps_ids, agents, ts = (
+        np.concatenate([pb[name] for pb in policy_batches])
+        for name in ("env_id", "eps_id", "agent_index", "t")
+    )
+    # Fragments are handed out in time order, so episodes appear in the order they started.
+    nth: dict[int, int] = {}
+    per_env: dict[int, int] = {}
+    for env_id, eps_id in zip(env_ids.tolist(), eps_ids.tolist()):
+        if eps_id not in nth:
+            nth[eps_id] = per_env[env_id] = per_env.get(env_id, -1) + 1
+    ids = [env_ids, np.array([nth[e] for e in eps_ids.tolist()]), agents, ts]
+    order = np.lexsort(ids[::-1])
+    keys = np.stack(ids, axis=1)[order]
+    assert not (keys[1:] == keys[:-1]).all(axis=1).any(), "a transition was handed out twice"
+    return {"keys": keys, **{name: column[order] for name, column in columns.items()}}
+
+
+def _run(env: str, rounds: int, flush_at: set[int], **overrides: Any) -> list[MultiAgentBatch]:
+    """``rounds`` runner steps, flushing after the listed ones, and a flush at the end."""
+    batches = []
+    with EnvRunner(_config(env, **overrides)) as runner:
+        for round_index in range(rounds):
+            batches.extend(item for item in runner.step() if isinstance(item, MultiAgentBatch))
+            if round_index in flush_at:
+                flushed = runner.flush()
+                check_batch_invariants(flushed)
+                # The first round only resets; every later one closes transitions.
+                assert (flushed.env_steps() > 0) == (round_index > 0)
+                batches.append(flushed)
+        batches.append(runner.flush())
+    return batches
+
+
+@pytest.mark.parametrize(
+    ("env", "vectorize"),
+    [("kaz", "sync"), ("connect_four", "sync"), ("battle", "sync"), ("battle", "subprocess")],
+)
+def test_flushes_hand_out_the_same_transitions_as_a_run_without_them(env: str, vectorize: str) -> None:
+    """Agents dying (KAZ, battle), turns (Connect Four), sub-envs in worker processes: the
+    flushed run's transitions are exactly the plain sync run's (same seeds), each once;
+    every batch passes the checks."""
+    plain = _rows(_run(env, 60, set()))
+    flushed_batches = _run(env, 60, {0, 5, 6, 20, 31, 47}, vectorize=vectorize)  # none at a fragment's end
+    for batch in flushed_batches:
+        check_batch_invariants(batch)
+    flushed = _rows(flushed_batches)
+    np.testing.assert_array_equal(flushed["keys"], plain["keys"])
+    for name in COLUMNS:
+        np.testing.assert_array_equal(flushed[name], plain[name], err_msg=name)
+    ends = flushed["terminateds"] | flushed["truncateds"]
+    assert ends.any(), "no episode ended: the test would not check finished episodes"
+
+
+def test_a_flush_right_after_a_sample_hands_out_nothing() -> None:
+    with EnvRunner(_config("kaz")) as runner:
+        runner.sample()
+        empty = runner.flush()
+        assert empty.env_steps() == 0 and empty.agent_steps() == 0
+        assert runner.sample().env_steps() == 2 * 13  # a whole fragment per sub-env, as ever
+
+
+class StopAtThirdEpisodeEnd(Callbacks):
+    """Asks the runner to stop when the third episode ends, as a Ctrl-C handler would."""
+
+    def __init__(self) -> None:
+        self.ended = 0
+
+    def on_episode_end(self, *, runner: Any = None, **kwargs: Any) -> None:
+        self.ended += 1
+        if self.ended == 3:
+            runner.request_stop()
+
+
+def test_request_stop_ends_sample_at_the_round_with_every_finished_episode() -> None:
+    """Connect Four episodes (~20 rounds) in fragments of 100: ``sample()`` returns at the
+    round of the third episode's end, with all three to their last rows; the next
+    ``sample()`` is whole again."""
+    cfg = _config("connect_four", rollout_fragment_length=100,
+                  callbacks="tests.test_runner_flush:StopAtThirdEpisodeEnd")
+    with EnvRunner(cfg) as runner:
+        batch = runner.sample()
+        check_batch_invariants(batch)
+        assert 0 < batch.env_steps() < 2 * 100
+        shared = batch.policy_batches["shared"]
+        ended_episodes = {int(e) for e in shared["eps_id"][shared["terminateds"] | shared["truncateds"]]}
+        assert len(ended_episodes) == runner.callbacks.ended == 3
+        assert runner.get_metrics()["episodes"] == 3
+        assert runner.sample().env_steps() == 2 * 100
+
+
+def test_complete_episodes_mode_has_nothing_to_flush() -> None:
+    """Fragments there are whole episodes, built when they end: a running one is never cut."""
+    with EnvRunner(_config("kaz", batch_mode="complete_episodes")) as runner:
+        for _ in range(30):
+            runner.step()
+        flushed = runner.flush()
+        assert flushed.env_steps() == 0 and flushed.agent_steps() == 0
