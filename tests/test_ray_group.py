@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from marl_runner.checks import check_batch_invariants
 from marl_runner.distributed import EnvRunnerGroup, EnvRunnerGroupError
 from tests.test_ray_envs import check_complete_episodes, recorded_obs, timed_config
 
@@ -194,3 +195,26 @@ def test_group_without_remote_runners_samples_locally() -> None:
     assert metrics["num_env_steps"] == sum(batch.env_steps() for batch in batches)
     for batch in batches:
         check_complete_episodes(batch, 4)
+
+
+def test_flush_hands_out_the_samples_still_running(ray_local) -> None:
+    """The end of a run: a remote sample still running when the caller stops taking
+    batches is waited for and handed out, with its episodes; a second flush has nothing."""
+    cfg = timed_config(
+        seed=3, batch_mode="truncate_episodes", rollout_fragment_length=8,
+        env_config={"episode_len": 5},
+    )
+    with _group(cfg) as group:
+        first = next(group.iter_batches(num_batches=1))  # the other runner's sample runs on
+        rest = group.flush()
+        again = group.flush()
+        metrics = group.get_metrics()
+    batches = [first, rest]
+    assert [b.env_steps() for b in batches] == [cfg.num_envs * 8] * 2
+    for batch in batches:
+        check_batch_invariants(batch)
+    shared = [b.policy_batches["shared"] for b in batches]
+    ended = sum(len(np.unique(pb["eps_id"][pb["terminateds"] | pb["truncateds"]])) for pb in shared)
+    assert ended == metrics["episodes"] > 0  # every episode the runners finished is out
+    assert metrics["num_env_steps"] == sum(b.env_steps() for b in batches)
+    assert again.env_steps() == 0 and again.agent_steps() == 0
