@@ -19,6 +19,7 @@ import pytest
 
 import marl_runner.cli.sample as cli_sample
 from marl_runner import Callbacks
+from marl_runner.bench.envs.cheap_env import CheapEnv
 from marl_runner.checks import check_batch_invariants
 from marl_runner.cli import main
 from marl_runner.client import PolicyClient
@@ -197,12 +198,15 @@ def test_ctrl_c_or_sigterm_writes_every_finished_episode(tmp_path, capsys, callb
 
 
 @pytest.mark.parametrize(
-    ("callbacks", "exit_code"),
-    [("CtrlCTwiceMidSample", 130), ("InterruptOnThirdSample", 130), ("FailOnThirdSample", 1)],
+    ("callbacks", "exit_code", "env_steps"),
+    [("CtrlCTwiceMidSample", 130, 400), ("InterruptOnThirdSample", 130, 400), ("FailOnThirdSample", 1, 600)],
 )
-def test_a_hard_interrupt_or_an_error_leaves_a_complete_log(tmp_path, capsys, callbacks, exit_code) -> None:
-    """The third sample never returns (a second Ctrl-C, which stops at once, or an error):
-    the log and the batch files agree on the first two, and the summary says how it ended."""
+def test_a_hard_interrupt_or_an_error_leaves_a_complete_log(
+    tmp_path, capsys, callbacks, exit_code, env_steps
+) -> None:
+    """The third sample never returns: a second Ctrl-C stops at once (the first two batches
+    are written), an error out of the sample is reported after what it had built is
+    written (three); the log and the batch files agree, the summary says how it ended."""
     log, out = tmp_path / "metrics.jsonl", tmp_path / "out"
     code = main(
         [
@@ -231,9 +235,45 @@ def test_a_hard_interrupt_or_an_error_leaves_a_complete_log(tmp_path, capsys, ca
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the command's handler is gone
     assert log.read_text().endswith("}\n")
     records = read_metrics_log(log)
-    assert len(records) == 2
+    assert len(records) == env_steps // 200
     check_records_add_up(records, *batch_steps(out))
-    assert records[-1]["env_steps"] == 400
+    assert records[-1]["env_steps"] == env_steps
+
+
+class CrashesAtStep55(CheapEnv):
+    """CheapEnv whose sub-envs raise in their 55th step: in the 6th episode of 10 rounds."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.steps = 0
+
+    def step(self, actions: dict) -> Any:
+        self.steps += 1
+        if self.steps == 55:
+            raise RuntimeError("the env broke")
+        return super().step(actions)
+
+
+def test_a_crashing_env_leaves_every_finished_episode_on_disk(tmp_path, capsys) -> None:
+    """Restarts off: the crash ends the command with its error (exit 1), after the rows of
+    the fragments begun (100 rounds long, none complete) are written: 5 whole episodes per
+    sub-env."""
+    config, out = tmp_path / "crash.yaml", tmp_path / "out"
+    config.write_text(
+        "env: {name: 'tests.test_cli_metrics_out:CrashesAtStep55', api: multi_agent,"
+        " config: {num_agents: 2, episode_len: 10}}\n"
+        "num_envs: 2\nrollout_fragment_length: 100\n"
+        "policies: {shared: {model: {type: mlp, hidden: [8]}}}\n"
+    )
+    code = main(["sample", str(config), "--steps", "1000", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 1 and "sub-env 0" in err and "the env broke" in err, err
+    (batch,) = read_batches(out)
+    check_batch_invariants(batch)
+    shared = batch.policy_batches["shared"]
+    ends = shared["terminateds"] | shared["truncateds"]
+    assert len(np.unique(shared["eps_id"][ends])) == 2 * 5
+    assert ends.sum() == 2 * 5 * 2  # both agents of each, to their last row
 
 
 @pytest.mark.slow

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,8 @@ from marl_runner.progress import (
 )
 
 __all__ = ["add_sample_parser", "run_sample"]
+
+logger = logging.getLogger(__name__)
 
 
 def add_sample_parser(commands: Any, common: argparse.ArgumentParser) -> None:
@@ -193,7 +196,8 @@ def _sample_until(
     runner) until ``counts.<unit>`` reaches ``target`` or a first Ctrl-C/SIGTERM asks to
     stop, writing each as it arrives and logging metrics when their interval has passed;
     then writes what the group sampled and had not handed out (``group.flush()``), so
-    every finished episode is on disk however the run ends. Returns the exit code: 0, or
+    every finished episode is on disk however the run ends (an error too: then the error
+    is raised after). Returns the exit code: 0, or
     130/143 when stopped early by Ctrl-C/SIGTERM (a second one stops at once).
 
     A batch counts once it is written, so after Ctrl-C the summary
@@ -204,23 +208,38 @@ def _sample_until(
     batches = group.iter_batches()
     with GracefulStop(group.request_stop) as stop:
         try:
-            for batch in count_batches(
-                batches, counts, unit, target, progress, group.totals, lambda: stop.requested
-            ):
-                if writer is not None:
-                    writer.write(batch, counts.batches + 1)
-                run_metrics.poll()
-            batches.close()
-            rest = group.flush()
-            if rest.agent_steps():
-                if writer is not None:
-                    writer.write(rest, counts.batches + 1)
-                count_batch(rest, counts, progress, group.totals)
+            try:
+                for batch in count_batches(
+                    batches, counts, unit, target, progress, group.totals, lambda: stop.requested
+                ):
+                    if writer is not None:
+                        writer.write(batch, counts.batches + 1)
+                    run_metrics.poll()
+            except Exception:
+                # A crash (a sub-env failing with restarts off, say) raises after the other
+                # sub-envs' data is kept: it is written before the error is reported.
+                try:
+                    _write_rest(group, counts, progress, writer)
+                except Exception:
+                    logger.exception("the rows sampled before the error could not be written")
+                raise
+            _write_rest(group, counts, progress, writer)
         except KeyboardInterrupt as exc:
             return exit_code_of(exc)
         finally:
             batches.close()
     return stop.exit_code
+
+
+def _write_rest(
+    group: Any, counts: SampleCounts, progress: ProgressReporter, writer: BatchFileWriter | None
+) -> None:
+    """The group's rows not yet handed out (``flush()``), written and counted as a batch."""
+    rest = group.flush()
+    if rest.agent_steps():
+        if writer is not None:
+            writer.write(rest, counts.batches + 1)
+        count_batch(rest, counts, progress, group.totals)
 
 
 def _require_ray() -> None:
