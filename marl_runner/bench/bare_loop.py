@@ -125,14 +125,20 @@ class _BarePolicy:
         return actions.tolist()
 
     def _act_in_numpy(self, obs: np.ndarray, mask: np.ndarray | None) -> list:
-        logits, _ = self.numpy_model(obs)
+        return self.draw(obs, mask)[0].tolist()
+
+    def draw(
+        self, obs: np.ndarray, mask: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The numpy forward pass and Gumbel-max draw: ``(actions, logits, values)``."""
+        logits, values = self.numpy_model(obs)
         uniform = self.rng.random(logits.shape, dtype=np.float32)
         np.maximum(uniform, _TINY, out=uniform)
         scores = logits - np.log(-np.log(uniform))
         if mask is not None:
             scores = np.where(mask, scores, -np.inf)
         actions = scores.argmax(axis=1)
-        return (actions + self.start if self.start else actions).tolist()
+        return (actions + self.start if self.start else actions), logits, values
 
 
 class BareLoop:

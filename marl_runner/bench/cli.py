@@ -191,6 +191,12 @@ def _add_timing_options(parser: argparse.ArgumentParser) -> None:
         "targets are set against it; or torch (a torch module call per policy and round)",
     )
     timing.add_argument(
+        "--least-work", action="store_true",
+        help="throughput mode: also time the least-work loop, the numpy bare loop plus what "
+        "any sampler that hands out batches adds (rewards, infos, stored columns, trajectory "
+        "order), the fastest way known: a ceiling for the runner's ratio on small rows",
+    )
+    timing.add_argument(
         "--torch-threads", type=int, default=1, metavar="N",
         help="torch and BLAS threads for both sides (limit_inference_threads; default 1)",
     )
@@ -260,9 +266,12 @@ def _add_output_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _settings(args: argparse.Namespace) -> Settings:
+    if args.least_work and args.bare_forward != "numpy":
+        raise SystemExit("marl-runner bench: --least-work runs the numpy forward pass; drop --bare-forward torch")
     if args.smoke:
         return Settings.for_smoke(
-            seed=args.seed, torch_threads=args.torch_threads, bare_forward=args.bare_forward
+            seed=args.seed, torch_threads=args.torch_threads, bare_forward=args.bare_forward,
+            least_work=args.least_work,
         )
     if args.duration < 0 or args.warmup < 0 or args.repeats < 1 or args.torch_threads < 1:
         raise SystemExit(
@@ -275,6 +284,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         seed=args.seed,
         torch_threads=args.torch_threads,
         bare_forward=args.bare_forward,
+        least_work=args.least_work,
     )
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import psutil
 
 from marl_runner.bench.bare_loop import BareLoop
+from marl_runner.bench.least_work import LeastWorkLoop
 from marl_runner.bench.workloads import Workload
 from marl_runner.config import RunnerConfig
 from marl_runner.sampling.runner import EnvRunner
@@ -43,10 +44,12 @@ class Settings:
     smoke: bool = False
     #: The bare loop's forward pass (bare_loop.BARE_FORWARDS).
     bare_forward: str = "numpy"
+    #: Also time the least-work loop (least_work.py) in the throughput mode.
+    least_work: bool = False
 
     @classmethod
     def for_smoke(
-        cls, seed: int = 0, torch_threads: int = 1, bare_forward: str = "numpy"
+        cls, seed: int = 0, torch_threads: int = 1, bare_forward: str = "numpy", least_work: bool = False
     ) -> Settings:
         """One short window each: checks that everything runs, measures nothing useful."""
         return cls(
@@ -59,6 +62,7 @@ class Settings:
             torch_threads=torch_threads,
             smoke=True,
             bare_forward=bare_forward,
+            least_work=least_work,
         )
 
     def config(
@@ -151,28 +155,37 @@ def compare_workload(
     num_workers: int | None = None,
     progress: Progress = _quiet,
 ) -> dict[str, Any]:
-    """Runner and bare loop on the same config, windows alternating; medians and ratio."""
+    """Runner and bare loop (and, with ``settings.least_work``, the least-work loop) on the
+    same config, windows alternating; medians and ratios."""
     config = settings.config(workload, vectorize, num_workers)
     setup_start = perf_counter()
     runner = EnvRunner(config)
     bare = BareLoop(config, settings.bare_forward)
+    least_work = LeastWorkLoop(config) if settings.least_work else None
     setup_s = perf_counter() - setup_start
     runner_windows: list[RunnerWindow] = []
     bare_rates: list[float] = []
     bare_windows = []
+    least_work_rates: list[float] = []
+    loops = [(bare, bare_rates, bare_windows)]
+    if least_work is not None:
+        loops.append((least_work, least_work_rates, []))
     try:
         progress(f"{workload.name}: warm-up")
         time_runner(runner, settings.warmup_s)
-        bare.run(duration_s=settings.warmup_s, min_rounds=settings.min_bare_rounds)
+        for loop, _, _ in loops:
+            loop.run(duration_s=settings.warmup_s, min_rounds=settings.min_bare_rounds)
         for repeat in range(settings.repeats):
             progress(f"{workload.name}: repeat {repeat + 1}/{settings.repeats}")
             runner_windows.append(time_runner(runner, settings.duration_s))
-            window = bare.run(duration_s=settings.duration_s, min_rounds=settings.min_bare_rounds)
-            bare_windows.append(window)
-            bare_rates.append(window.agent_steps / max(window.elapsed_s, 1e-9))
+            for loop, rates, windows in loops:
+                window = loop.run(duration_s=settings.duration_s, min_rounds=settings.min_bare_rounds)
+                windows.append(window)
+                rates.append(window.agent_steps / max(window.elapsed_s, 1e-9))
     finally:
         runner.stop()
-        bare.stop()
+        for loop, _, _ in loops:
+            loop.stop()
     runner_rates = [w.agent_steps_per_s for w in runner_windows]
     target = workload.target_ratio if settings.bare_forward == "numpy" else None
     runner_median, bare_median = _median(runner_rates), _median(bare_rates)
@@ -213,11 +226,23 @@ def compare_workload(
             "perf": last_bare.perf_ms(),
         },
         "ratio": ratio,
+        **_least_work_result(least_work_rates, bare_median),
         # The targets are set against the numpy bare loop; against the torch one there are none.
         "target_ratio": target,
         "meets_target": None if target is None else bool(ratio >= target),
         "runner_max_rss_mb": max(w.max_rss_mb for w in runner_windows),
         "peak_rss_mb": peak_rss_mb(),
+    }
+
+
+def _least_work_result(rates: list[float], bare_median: float) -> dict[str, Any]:
+    """The least-work loop's median and its ratio to the bare loop, when it was timed."""
+    if not rates:
+        return {}
+    median = _median(rates)
+    return {
+        "least_work": {"agent_steps_per_s": median, "repeats": rates},
+        "least_work_ratio": median / bare_median if bare_median > 0 else float("nan"),
     }
 
 

@@ -29,7 +29,8 @@ def _verdict(row: dict[str, Any]) -> str:
 
 def throughput_table(rows: list[dict[str, Any]]) -> Table:
     table = Table(title="Runner vs bare loop (agent steps/s, median of repeats)")
-    for name, justify in (
+    least_work = any("least_work" in row for row in rows)
+    columns = [
         ("workload", "left"),
         ("envs", "right"),
         ("vectorize", "left"),
@@ -38,12 +39,13 @@ def throughput_table(rows: list[dict[str, Any]]) -> Table:
         ("ratio", "right"),
         ("target", "right"),
         ("met", "center"),
-        ("runner RSS MB", "right"),
-        ("peak RSS MB", "right"),
-    ):
+    ]
+    if least_work:
+        columns += [("least-work loop", "right"), ("its ratio", "right")]
+    for name, justify in (*columns, ("runner RSS MB", "right"), ("peak RSS MB", "right")):
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
     for row in rows:
-        table.add_row(
+        cells = [
             row["name"],
             str(row["num_envs"]),
             row["vectorize"],
@@ -52,9 +54,10 @@ def throughput_table(rows: list[dict[str, Any]]) -> Table:
             f"{row['ratio']:.2f}",
             "-" if row["target_ratio"] is None else f">= {row['target_ratio']:.2f}",
             _verdict(row),
-            f"{row['runner_max_rss_mb']:.0f}",
-            f"{row['peak_rss_mb']:.0f}",
-        )
+        ]
+        if least_work:
+            cells += [_rate(row["least_work"]["agent_steps_per_s"]), f"{row['least_work_ratio']:.2f}"]
+        table.add_row(*cells, f"{row['runner_max_rss_mb']:.0f}", f"{row['peak_rss_mb']:.0f}")
     return table
 
 
