@@ -77,6 +77,10 @@ def test_smoke_population_reports_both_bare_loops_and_memory_per_batch(
         # 16 float32 obs, new_obs: 128 bytes of the row; the other columns add the rest.
         assert 128 < memory["bytes_per_row"] < 400
         assert memory["batch_mb"] > 0 and memory["rows_per_batch"] > 0
+        # The runner's own share: its peak beyond the build less the bare loop's, per batch.
+        own_mb = memory["peak_rss_mb"] - memory["built_rss_mb"] - memory["bare_peak_beyond_build_mb"]
+        assert memory["own_peak_per_batch"] == pytest.approx(own_mb / memory["batch_mb"])
+        assert memory["rounds"] > 0
 
 
 def test_the_numpy_bare_loop_acts_like_the_torch_one() -> None:

@@ -5,7 +5,9 @@ step of the runner and of the bare loop (numpy forward, the comparison the
 ratio is taken against, and torch), windows alternating; then, in a fresh
 process each, the peak RSS while sampling beyond the runner's build, divided
 by the bytes of the batch handed out (the trainer drops each batch before the
-next ``sample()``), and the bytes per row.
+next ``sample()``), and the bytes per row. The bare loop's own peak beyond its
+build over as many rounds (the env's memory, the allocators') is measured the
+same way, so that the runner's own share can be told apart.
 """
 
 from __future__ import annotations
@@ -83,8 +85,19 @@ def memory_per_batch(name: str, settings: Settings, vectorize: str, num_workers:
          "rollout_fragment_length": settings.rollout_fragment_length,
          "batches": 2 if settings.smoke else MEMORY_BATCHES}
     )
+    runner = _run_memory_child("_memory_child", args)
+    bare = _run_memory_child("_bare_memory_child", json.dumps({**json.loads(args), "rounds": runner["rounds"]}))
+    own_mb = runner["peak_rss_mb"] - runner["built_rss_mb"] - bare["peak_beyond_build_mb"]
+    return {
+        **runner,
+        "bare_peak_beyond_build_mb": bare["peak_beyond_build_mb"],
+        "own_peak_per_batch": own_mb / max(runner["batch_mb"], 1e-9),
+    }
+
+
+def _run_memory_child(function: str, args_json: str) -> dict[str, Any]:
     done = subprocess.run(
-        [sys.executable, "-c", f"from marl_runner.bench.population import _memory_child; _memory_child({args!r})"],
+        [sys.executable, "-c", f"from marl_runner.bench.population import {function}; {function}({args_json!r})"],
         capture_output=True, text=True, check=True,
     )
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -98,21 +111,29 @@ def _vm_kib(field: str) -> int:
     raise RuntimeError(f"no {field} in /proc/self/status")
 
 
-def _memory_child(args_json: str) -> None:
-    """Builds the runner, resets the RSS high-water mark, samples (dropping each batch as a
-    trainer does) and prints the peak beyond the build over the batch's bytes as JSON."""
-    args = json.loads(args_json)
-    workload = get_workload(args["name"])
-    config = workload.config(
+def _child_config(args: dict[str, Any]) -> Any:
+    return get_workload(args["name"]).config(
         vectorize=args["vectorize"],
         num_workers=args["num_workers"] if args["vectorize"] == "subprocess" else None,
         seed=args["seed"], rollout_fragment_length=args["rollout_fragment_length"],
     )
-    runner = EnvRunner(config)
+
+
+def _reset_peak() -> int:
+    """This process's RSS now (KiB), made its high-water mark."""
+    built_kib = _vm_kib("VmRSS")
+    with open("/proc/self/clear_refs", "w") as clear:
+        clear.write("5")  # VmHWM := VmRSS
+    return built_kib
+
+
+def _memory_child(args_json: str) -> None:
+    """Builds the runner, resets the RSS high-water mark, samples (dropping each batch as a
+    trainer does) and prints the peak beyond the build over the batch's bytes as JSON."""
+    args = json.loads(args_json)
+    runner = EnvRunner(_child_config(args))
     try:
-        built_kib = _vm_kib("VmRSS")
-        with open("/proc/self/clear_refs", "w") as clear:
-            clear.write("5")  # VmHWM := VmRSS
+        built_kib = _reset_peak()
         sizes = []
         started = perf_counter()
         for _ in range(args["batches"]):
@@ -120,6 +141,7 @@ def _memory_child(args_json: str) -> None:
             sizes.append(batch_bytes(batch))
             del batch
         peak_kib = _vm_kib("VmHWM")
+        rounds = runner.get_metrics()["num_env_steps"] // runner.config.num_envs
     finally:
         runner.stop()
     batch_total, rows = max(sizes)
@@ -130,8 +152,22 @@ def _memory_child(args_json: str) -> None:
         "peak_beyond_build_per_batch": (peak_kib - built_kib) * 1024 / max(batch_total, 1),
         "bytes_per_row": batch_total / max(rows, 1),
         "rows_per_batch": rows,
+        "rounds": rounds,
         "seconds": perf_counter() - started,
     }))
+
+
+def _bare_memory_child(args_json: str) -> None:
+    """The bare loop's peak RSS beyond its build over ``rounds`` rounds, as JSON."""
+    args = json.loads(args_json)
+    bare = BareLoop(_child_config(args), "numpy")
+    try:
+        built_kib = _reset_peak()
+        bare.run(min_rounds=args["rounds"])
+        peak_kib = _vm_kib("VmHWM")
+    finally:
+        bare.stop()
+    print(json.dumps({"peak_beyond_build_mb": (peak_kib - built_kib) / 1024}))
 
 
 def measure_population(

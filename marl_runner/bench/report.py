@@ -298,7 +298,7 @@ def population_table(rows: list[dict[str, Any]]) -> Table:
     for column in (
         "workload", "vectorize", "runner steps/s", "us/step runner", "us/step bare numpy",
         "us/step bare torch", "ratio (numpy)", "ratio (torch)", "target", "peak RSS/batch",
-        "bytes/row",
+        "beyond bare's/batch", "bytes/row",
     ):
         table.add_column(column, justify="left" if column in ("workload", "vectorize") else "right")
     for row in rows:
@@ -309,7 +309,8 @@ def population_table(rows: list[dict[str, Any]]) -> Table:
             f"{us.get('runner', float('nan')):.2f}", f"{us.get('numpy', float('nan')):.2f}",
             f"{us.get('torch', float('nan')):.2f}", f"{row['ratio_numpy']:.2f}",
             f"{row['ratio_torch']:.2f}", "-" if target is None else f">= {target:.2f}",
-            f"{memory['peak_beyond_build_per_batch']:.2f}x", f"{memory['bytes_per_row']:,.0f}",
+            f"{memory['peak_beyond_build_per_batch']:.2f}x", f"{memory['own_peak_per_batch']:.2f}x",
+            f"{memory['bytes_per_row']:,.0f}",
         )
     return table
 
