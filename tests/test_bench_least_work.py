@@ -40,14 +40,28 @@ def test_every_row_acted_on_or_ending_goes_into_a_batch() -> None:
     assert result.agent_steps == 20 * 2 * 4  # every agent acts every round
 
 
-def test_the_store_hands_rows_out_in_trajectory_order() -> None:
+def test_the_store_pairs_each_row_with_the_next_of_its_trajectory() -> None:
+    """Rows stay where they were stored (as the runner hands them out); the closing side of
+    each (new_obs, the reward and flags that came with it) is its trajectory's next row's."""
     store = _Store()
     keys = [3, 1, 3, 0, 1, 3]
-    store.add({"obs": np.arange(6.0)[:, None], "t": np.array([0, 0, 1, 0, 1, 2])}, keys, list("abcdef"))
+    store.add(
+        {
+            "obs": np.arange(6.0)[:, None],
+            "rewards": np.arange(10.0, 16.0),
+            "terminateds": np.array([0, 0, 0, 0, 0, 1], bool),
+            "truncateds": np.zeros(6, bool),
+        },
+        keys,
+        list("abcdef"),
+    )
     batch = store.build()
-    assert batch["obs"][:, 0].tolist() == [3.0, 1.0, 4.0, 0.0, 2.0, 5.0]  # key 0, 1, 1, 3, 3, 3
-    assert batch["t"].tolist() == [0, 0, 1, 0, 1, 2]
-    assert batch["infos"] == list("dbeacf")
+    assert batch["obs"][:, 0].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    # key 3: rows 0 -> 2 -> 5; key 1: 1 -> 4; key 0: row 3 alone (its own next).
+    assert batch["new_obs"][:, 0].tolist() == [2.0, 4.0, 5.0, 3.0, 4.0, 5.0]
+    assert batch["rewards"].tolist() == [12.0, 14.0, 15.0, 13.0, 14.0, 15.0]
+    assert batch["terminateds"].tolist() == [False, False, True, False, False, True]
+    assert batch["infos"] == list("abcdef")
     assert store.size == 0 and not store.keys
 
 

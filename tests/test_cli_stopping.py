@@ -11,7 +11,7 @@ import pytest
 
 import marl_runner.cli.app as app
 from marl_runner.cli import main
-from marl_runner.cli.stopping import Terminated, sigterm_as_interrupt
+from marl_runner.cli.stopping import GracefulStop, Terminated, sigterm_as_interrupt
 
 
 def _sigterm_self() -> None:
@@ -45,3 +45,31 @@ def test_a_command_without_clean_up_of_its_own_says_it_was_interrupted(
     assert main(["plot", "runs/none"]) == exit_code
     err = capsys.readouterr().err
     assert err == "marl-runner plot: interrupted\n"
+
+
+def test_a_first_signal_asks_a_second_stops_at_once_and_the_handlers_come_back() -> None:
+    asked: list[bool] = []
+    previous_int = signal.getsignal(signal.SIGINT)
+    with GracefulStop(lambda: asked.append(True)) as stop:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.1)
+        assert asked == [True] and stop.requested and stop.exit_code == 130
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)  # the handler raises at once
+    assert asked == [True]
+    assert signal.getsignal(signal.SIGINT) is previous_int
+
+
+def test_after_a_sigterm_the_clean_up_is_not_cut_short() -> None:
+    """A SIGTERM that asked the run to stop: later ones are ignored while the command
+    cleans up, as after the first SIGTERM of any command."""
+    previous = signal.getsignal(signal.SIGTERM)
+    with sigterm_as_interrupt():
+        with GracefulStop(lambda: None) as stop:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.1)
+            assert stop.exit_code == 143
+        os.kill(os.getpid(), signal.SIGTERM)  # during the clean-up: ignored
+        time.sleep(0.1)
+    assert signal.getsignal(signal.SIGTERM) is previous

@@ -132,3 +132,66 @@ def test_complete_episodes_mode_has_nothing_to_flush() -> None:
             runner.step()
         flushed = runner.flush()
         assert flushed.env_steps() == 0 and flushed.agent_steps() == 0
+
+
+def _cheap(**overrides: Any) -> Any:
+    return config(
+        "marl_runner.bench.envs.cheap_env:CheapEnv", env_config={"num_agents": 2, "episode_len": 5},
+        rollout_fragment_length=5, seed=1, **overrides,
+    )
+
+
+class StopAtFirstEpisodeEnd(Callbacks):
+    """Asks for a stop in the round that also completes the first fragments."""
+
+    def __init__(self) -> None:
+        self.asked = False
+
+    def on_episode_end(self, *, runner: Any = None, **kwargs: Any) -> None:
+        if not self.asked:
+            self.asked = True
+            runner.request_stop()
+
+
+def test_a_stop_asked_in_the_last_round_of_a_sample_is_used_up_by_it() -> None:
+    """Episodes of 5 rounds, fragments of 5: the first episodes end in the round that
+    completes the first sample, which takes the stop; the next sample is whole."""
+    with EnvRunner(_cheap(callbacks="tests.test_runner_flush:StopAtFirstEpisodeEnd")) as runner:
+        assert runner.sample().env_steps() == 2 * 5
+        assert runner.sample().env_steps() == 2 * 5
+
+
+class FailingHooks(Callbacks):
+    """``on_sample_end`` fails once; ``on_postprocess_trajectory`` while ``failing``."""
+
+    def __init__(self) -> None:
+        self.sample_ends = 0
+        self.failing = False
+
+    def on_sample_end(self, **kwargs: Any) -> None:
+        self.sample_ends += 1
+        if self.sample_ends == 1:
+            raise RuntimeError("on_sample_end broke")
+
+    def on_postprocess_trajectory(self, **kwargs: Any) -> None:
+        if self.failing:
+            raise RuntimeError("postprocessing broke")
+
+
+def test_a_flush_that_raises_lets_nothing_go() -> None:
+    """A sample that raised leaves its fragments for the next call; a flush whose own
+    build raises (a post-processing hook) keeps them too, and the next flush hands them
+    out with the rows since."""
+    with EnvRunner(_cheap(callbacks="tests.test_runner_flush:FailingHooks")) as runner:
+        with pytest.raises(RuntimeError, match="on_sample_end broke"):
+            runner.sample()
+        for _ in range(3):
+            runner.step()
+        runner.callbacks.failing = True
+        with pytest.raises(RuntimeError, match="postprocessing broke"):
+            runner.flush()
+        runner.callbacks.failing = False
+        assert runner.flush().env_steps() == 2 * 5  # the raising sample's fragments
+        # (the 3 rounds since went into the failed build's fragments: gone with it, as a
+        # fragment whose post-processing raises in sample() is)
+

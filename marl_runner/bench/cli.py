@@ -192,9 +192,10 @@ def _add_timing_options(parser: argparse.ArgumentParser) -> None:
     )
     timing.add_argument(
         "--least-work", action="store_true",
-        help="throughput mode: also time the least-work loop, the numpy bare loop plus what "
-        "any sampler that hands out batches adds (rewards, infos, stored columns, trajectory "
-        "order), the fastest way known: a ceiling for the runner's ratio on small rows",
+        help="throughput mode (the other modes ignore it): also time the least-work loop, the "
+        "numpy bare loop plus what any sampler that hands out batches adds (rewards, infos, "
+        "stored columns, trajectory order), the fastest way we wrote: a ceiling for the "
+        "runner's ratio on small rows",
     )
     timing.add_argument(
         "--torch-threads", type=int, default=1, metavar="N",

@@ -1,28 +1,31 @@
 """The least-work loop: the bare loop plus what any sampler that hands out batches adds.
 
 The bare loop only acts. A sampler that hands out training batches must also
-read each agent's reward and info, keep every row it acted on, and put the
-rows in trajectory order. This loop does exactly that on top of the bare loop,
-the fastest way we know in Python, and nothing else, so its ratio to the bare
+read each agent's reward and info, keep every row it acted on, and pair each
+row with what came after it. This loop does that on top of the bare loop, the
+fastest way we wrote it in Python, and nothing else, so its ratio to the bare
 loop is a ceiling for the runner's on the same env API (per-env dicts): a
-target above it is above what any sampler of these batches reaches here.
+target above it is above what a sampler of these batches reaches here.
 
 What it adds, per round:
 
-- per sub-env whose agents are those of its last round, with a reward each and
-  none ending: each policy group's obs, rewards and infos read with one
-  C-level ``itemgetter`` (as the runner's fast path); else agent by agent;
+- per sub-env whose reward dict names exactly its observing agents and whose
+  agents that end all observe: each policy group's obs, rewards and infos read
+  with one C-level ``itemgetter`` (as the runner's fast path), the ending
+  agents' rows marked; else agent by agent;
 - per policy: the log-prob of each action drawn, and 11 columns (obs, actions,
   log-probs, values, logits, rewards, two flags, ``t``, sub-env, agent index)
-  written into arrays that grow by doubling and are reused;
-- every ``rollout_fragment_length`` rounds, each policy's rows in trajectory
-  order: one stable argsort, one gather per column (``new_obs`` a second gather
-  of the obs), the infos reordered.
+  written into arrays that grow by doubling;
+- every ``rollout_fragment_length`` rounds, each policy's batch as the runner
+  hands it out: the rows in the order they were stored (views, no copy), and
+  the closing side (``new_obs``, rewards, flags) gathered from each row's next
+  row in its trajectory (one stable argsort finds them).
 
-What it leaves out, so that it flatters itself: connectors, episode objects
-and ids, fake final obs, rewards of agents that do not observe, checks, the
-``agent_id``/``eps_id``/``unroll_id``/``policy_version`` columns, and
-``new_obs`` pairing (its second gather takes the same rows).
+What it leaves out, so that it flatters itself: connectors, episode objects,
+fake final obs, rewards of agents that do not observe, checks, six of the
+runner's columns (``agent_id``, ``eps_id``, ``unroll_id``, ``policy_version``,
+``env_t``, ``continues``), rows still open at a batch's end (handed out
+with the rest), and ``t`` resets (a running count per sub-env and agent).
 """
 
 from __future__ import annotations
@@ -91,13 +94,19 @@ class _Store:
         self.size += rows
 
     def build(self) -> dict[str, Any]:
-        """The rows in trajectory order, as a batch's columns; the store starts again."""
+        """The rows as the runner hands them out, views of the store's arrays, which the next
+        rows reuse (the loop drops each batch at once, as a trainer does before sampling on)."""
+        size = self.size
         order = np.argsort(np.asarray(self.keys), kind="stable")
-        batch: dict[str, Any] = {
-            name: column[: self.size].take(order, axis=0) for name, column in self.columns.items()
-        }
-        batch["new_obs"] = self.columns["obs"][: self.size].take(order, axis=0)
-        batch["infos"] = [self.infos[i] for i in order.tolist()]
+        sorted_keys = np.asarray(self.keys)[order]
+        same = sorted_keys[1:] == sorted_keys[:-1]
+        following = np.arange(size)  # each row's next row in its trajectory (itself if none)
+        following[order[:-1][same]] = order[1:][same]
+        batch: dict[str, Any] = {name: column[:size] for name, column in self.columns.items()}
+        batch["new_obs"] = batch["obs"].take(following, axis=0)
+        for name in ("rewards", "terminateds", "truncateds"):
+            batch[name] = batch[name].take(following)
+        batch["infos"] = self.infos
         self.size, self.keys, self.infos = 0, [], []
         return batch
 
@@ -150,6 +159,8 @@ class LeastWorkLoop(BareLoop):
                 if result.rounds >= min_rounds and perf_counter() - start >= duration_s:
                     break
         result.elapsed_s = perf_counter() - start
+        # Its arrays go, so that the runner's windows between its own measure no memory of it.
+        self._stores = {pid: _Store() for pid in self.policies}
         return result
 
     def _read_env(

@@ -220,8 +220,8 @@ def _sample_until(
                 # sub-envs' data is kept: it is written before the error is reported.
                 try:
                     _write_rest(group, counts, progress, writer)
-                except Exception:
-                    logger.exception("the rows sampled before the error could not be written")
+                except BaseException as failed:  # a second Ctrl-C too: the error still shows
+                    logger.warning("the rows sampled before the error were not written: %r", failed)
                 raise
             _write_rest(group, counts, progress, writer)
         except KeyboardInterrupt as exc:

@@ -64,6 +64,7 @@ class GracefulStop:
     def __init__(self, on_request: Callable[[], None]) -> None:
         self._on_request = on_request
         self._previous: dict[int, object] = {}
+        self._sigterm_seen = False
         self.signum: int | None = None
 
     @property
@@ -80,14 +81,19 @@ class GracefulStop:
 
     def __enter__(self) -> GracefulStop:
         if threading.current_thread() is threading.main_thread():
-            self._previous = {signum: signal.signal(signum, self._handle) for signum in self._SIGNALS}
+            for signum in self._SIGNALS:  # one by one: each is restored even if the next comes
+                self._previous[signum] = signal.signal(signum, self._handle)
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         for signum, handler in self._previous.items():
+            if signum == signal.SIGTERM and self._sigterm_seen:
+                # As sigterm_as_interrupt does: the clean-up a SIGTERM started is not cut short.
+                handler = signal.SIG_IGN
             signal.signal(signum, handler)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self._sigterm_seen = self._sigterm_seen or signum == signal.SIGTERM
         if self.signum is not None:
             if signum == signal.SIGTERM:
                 signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the clean-up is not cut short

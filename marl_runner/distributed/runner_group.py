@@ -384,7 +384,7 @@ class EnvRunnerGroup:
     def _note_sample(self, batch: Any, metrics: dict[str, Any]) -> None:
         self._metric_parts.append(metrics)
         totals = self.totals
-        totals.batches += bool(batch.env_steps() or batch.agent_steps())  # not an empty flush
+        totals.batches += bool(batch.agent_steps())  # not an empty flush
         totals.env_steps += batch.env_steps()
         totals.agent_steps += batch.agent_steps()
         totals.episodes += metrics.get("episodes", 0)

@@ -169,6 +169,10 @@ def pin_to_cpu(cpu: int) -> None:
 _PARENT_POLL_S = 0.25
 
 
+def _ignore_signal(signum: int, frame: object) -> None:
+    """Left to the runner's process (see ``worker_main``)."""
+
+
 def exit_with_parent(parent_pid: int) -> None:
     """Ends this process when the runner's process ``parent_pid`` is gone, whatever the
     worker is busy with (building a slow sub-env, say): a daemon thread polls it.
@@ -226,8 +230,10 @@ def worker_main(
     # Ctrl-C (sent to the whole process group) and SIGTERM (a scheduler stopping the job's
     # processes) are the parent's to handle: it stops the run at the end of a round and
     # then stops its workers; a worker whose parent is gone exits (``exit_with_parent``).
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # A handler that does nothing, not SIG_IGN: an ignored signal stays ignored in the
+    # processes a sub-env starts (a simulator it stops with terminate()), a handler does not.
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _ignore_signal)
     if parent_pid is not None:
         exit_with_parent(parent_pid)
     if cpu is not None:

@@ -257,9 +257,10 @@ class EnvRunner:
             if num_episodes is not None and self._fragments.built_episodes - start_episodes >= num_episodes:
                 break
             if self._stop_requested:
-                batches.extend(self._fragments.build_ready(self._postprocess, flush=True))
-                self._stop_requested = False
                 break
+        if self._stop_requested:  # (also when it came in the round that reached the target)
+            batches.extend(self._fragments.build_ready(self._postprocess, flush=True))
+            self._stop_requested = False
         samples = concat_samples(batches)
         if "on_sample_end" in self._hooks:
             # Before the batches are let go: if the hook raises, the next call returns them.
@@ -283,12 +284,15 @@ class EnvRunner:
         After a step that raised part-way, the sub-envs it had polled lose their rows not
         yet in a fragment (their episodes are recorded as faulty), as the next step would.
         """
-        outputs, self._undelivered = self._undelivered, []
+        outputs = self._undelivered
         if self._unfinished:
             self._recover_interrupted_step(outputs)
-        batches = [*self._unreturned_batches, *(o for o in outputs if isinstance(o, MultiAgentBatch))]
-        self._unreturned_batches = []
-        batches.extend(self._fragments.build_ready(self._postprocess, flush=True))
+        # Built before anything is let go: if a hook raises, the next call hands it all out.
+        built = self._fragments.build_ready(self._postprocess, flush=True)
+        batches = [
+            *self._unreturned_batches, *(o for o in outputs if isinstance(o, MultiAgentBatch)), *built
+        ]
+        self._undelivered, self._unreturned_batches = [], []
         self._stop_requested = False
         return concat_samples(batches) if batches else MultiAgentBatch({}, env_steps=0)
 
