@@ -9,6 +9,7 @@ its next request, which is what makes reusing the block safe.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from multiprocessing import shared_memory
 from typing import NamedTuple
@@ -74,10 +75,12 @@ class SharedObsWriter:
         return self.block.name if self._renamed and self.block is not None else None
 
     def close(self) -> None:
-        """Unlinks the block too: a worker that exits cleanly frees its own shared memory."""
+        """Unlinks the block too: a worker that exits cleanly frees its own shared memory
+        (unless the parent, done waiting for it, freed it first)."""
         if self.block is not None:
             self.block.close()
-            self.block.unlink()
+            with contextlib.suppress(FileNotFoundError):
+                self.block.unlink()
             self.block = None
 
     def _reserve(self, nbytes: int) -> int:
