@@ -35,9 +35,8 @@ EnvRunner({
 """
 
 
-@pytest.mark.parametrize(
-    "kill", [signal.SIGKILL, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)]
-)
+@pytest.mark.slow  # waits for workers to start and end: test-all (make test stays under 3 minutes)
+@pytest.mark.parametrize("kill", [signal.SIGKILL, signal.SIGTERM])
 def test_workers_building_their_sub_envs_exit_when_the_parent_is_killed(kill: signal.Signals) -> None:
     parent = subprocess.Popen([sys.executable, "-c", PARENT], cwd=REPO)
     try:

@@ -24,6 +24,7 @@ from marl_runner.policy.gae import compute_gae
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # a short training run: test-all (make test stays under 3 minutes)
 @pytest.mark.timeout(120)
 def test_train_mappo_smoke_writes_progress_summary_and_checkpoints(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
