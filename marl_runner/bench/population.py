@@ -80,13 +80,11 @@ def population_workload(
 
 def memory_per_batch(name: str, settings: Settings, vectorize: str, num_workers: int) -> dict[str, Any]:
     """Peak RSS beyond the build per batch, measured in a fresh process (``_memory_child``)."""
-    args = json.dumps(
-        {"name": name, "vectorize": vectorize, "num_workers": num_workers, "seed": settings.seed,
-         "rollout_fragment_length": settings.rollout_fragment_length,
-         "batches": 2 if settings.smoke else MEMORY_BATCHES}
-    )
+    args = {"name": name, "vectorize": vectorize, "num_workers": num_workers, "seed": settings.seed,
+            "rollout_fragment_length": settings.rollout_fragment_length,
+            "batches": 2 if settings.smoke else MEMORY_BATCHES}
     runner = _run_memory_child("_memory_child", args)
-    bare = _run_memory_child("_bare_memory_child", json.dumps({**json.loads(args), "rounds": runner["rounds"]}))
+    bare = _run_memory_child("_bare_memory_child", {**args, "rounds": runner["rounds"]})
     own_mb = runner["peak_rss_mb"] - runner["built_rss_mb"] - bare["peak_beyond_build_mb"]
     return {
         **runner,
@@ -95,7 +93,9 @@ def memory_per_batch(name: str, settings: Settings, vectorize: str, num_workers:
     }
 
 
-def _run_memory_child(function: str, args_json: str) -> dict[str, Any]:
+def _run_memory_child(function: str, args: dict[str, Any]) -> dict[str, Any]:
+    """``function(args)`` in a fresh Python process; the JSON line it prints."""
+    args_json = json.dumps(args)
     done = subprocess.run(
         [sys.executable, "-c", f"from marl_runner.bench.population import {function}; {function}({args_json!r})"],
         capture_output=True, text=True, check=True,

@@ -146,14 +146,14 @@ class FragmentBuilder:
         ``truncate_episodes`` mode every sub-env's transitions stored since its last
         fragment are due too, as fragments shorter than ``rollout_fragment_length``."""
         if self._truncate:
-            counts = self._agent_steps if self._count_agent_steps else self._env_steps
             if flush:
                 ready = np.flatnonzero((self._env_steps > 0) | (self._agent_steps > 0))
             else:
+                counts = self._agent_steps if self._count_agent_steps else self._env_steps
                 ready = np.flatnonzero(counts >= self._length)
             if not len(ready):
                 return []
-            env_mask = np.zeros(len(counts), bool)
+            env_mask = np.zeros(len(self._env_steps), bool)
             env_mask[ready] = True
             env_steps = int(self._env_steps[ready].sum())
             for counter in (self._env_steps, self._agent_steps, self._episode_steps):
