@@ -9,7 +9,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from connectors import AgentConnector
+from connectors.data import AgentRows
 from marl_runner import Callbacks, EnvRunner, MultiAgentBatch, check_batch_invariants
+from marl_runner.bench.envs import CheapEnv
 from tests.runner_helpers import config
 
 MLP = {"model": {"type": "mlp", "hidden": [8]}}
@@ -195,3 +198,97 @@ def test_a_flush_that_raises_lets_nothing_go() -> None:
         # (the 3 rounds since went into the failed build's fragments: gone with it, as a
         # fragment whose post-processing raises in sample() is)
 
+
+
+class _RaisesOnCall(AgentConnector):
+    """Raises on its ``number``-th call: the runner step of that round stops part-way."""
+
+    def __init__(self, ctx: Any, number: int) -> None:
+        super().__init__(ctx)
+        self.number, self.calls = number, 0
+
+    def __call__(self, rows: AgentRows) -> AgentRows:
+        self.calls += 1
+        if self.calls == self.number:
+            raise RuntimeError("agent connector broke")
+        return rows
+
+
+def _first_two_episodes_whole(batch: MultiAgentBatch) -> None:
+    """Each sub-env's first two episodes (3 steps, 2 agents) are in ``batch``, whole."""
+    shared = batch.policy_batches["shared"]
+    for env_id in (0, 1):
+        rows = shared["env_id"] == env_id
+        for eps_id in list(dict.fromkeys(shared["eps_id"][rows].tolist()))[:2]:
+            mine = shared["eps_id"] == eps_id
+            assert sorted(shared["t"][mine].tolist()) == [0, 0, 1, 1, 2, 2]
+            assert (shared["terminateds"][mine] | shared["truncateds"][mine]).sum() == 2
+
+
+@pytest.mark.parametrize("then", ["flush", "sample"])
+@pytest.mark.parametrize("count_steps_by", ["env_steps", "agent_steps"])
+@pytest.mark.parametrize("failing_round", [9, 10])
+def test_a_step_that_raises_keeps_the_episodes_that_ended_before_it(
+    failing_round: int, count_steps_by: str, then: str
+) -> None:
+    """Episodes of 3 steps (2 agents), fragments of 20: the first two episodes of each
+    sub-env end in rounds 4 and 7, unbuilt. A step that raises in round 9 (the third
+    episodes running) or 10 (they end in it, and the fourth start) drops only the episodes
+    of that round. The first two go out whole, in a flush or in the next sample, and the
+    steps counted towards fragments are exactly theirs: the fragments are exact."""
+    cfg = config(
+        "marl_runner.bench.envs.cheap_env:CheapEnv", env_config={"num_agents": 2, "episode_len": 3},
+        rollout_fragment_length=20, seed=3, count_steps_by=count_steps_by,
+    )
+    steps_per_fragment = 20 if count_steps_by == "env_steps" else 10
+    with EnvRunner(cfg) as runner:
+        pipeline = runner.policy_map.entries["shared"].agent_pipeline
+        pipeline.append(_RaisesOnCall(pipeline.ctx, failing_round))
+        for _ in range(failing_round - 1):
+            runner.step()
+        with pytest.raises(RuntimeError, match="agent connector broke"):
+            runner.step()
+        if then == "flush":
+            flushed = runner.flush()
+            check_batch_invariants(flushed)
+            _first_two_episodes_whole(flushed)
+            # Nothing else: 2 sub-envs x 2 episodes x 3 steps (x 2 agents).
+            assert flushed.env_steps() == 12 and flushed.agent_steps() == 24
+        after = runner.sample()
+        assert runner.get_metrics()["num_faulty_episodes"] == 2
+    check_batch_invariants(after)
+    if then == "sample":
+        _first_two_episodes_whole(after)
+    assert after.env_steps() == 2 * steps_per_fragment
+    per_env = np.bincount(after.policy_batches["shared"]["env_id"], minlength=2)
+    assert per_env.tolist() == [2 * steps_per_fragment] * 2
+
+
+class FailsSecondReset(CheapEnv):
+    """CheapEnv whose second reset raises (once): right after its first episode ended."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.resets = 0
+
+    def reset(self, seed: int | None = None, options: dict | None = None) -> tuple:
+        self.resets += 1
+        if self.resets == 2:
+            raise RuntimeError("reset broke")
+        return super().reset(seed=seed, options=options)
+
+
+def test_a_failed_reset_after_an_episode_end_keeps_that_episodes_agent_steps() -> None:
+    """Counting agent steps: the new episode dropped by its failed reset came after the
+    ended one's last agent steps were counted in the same round (they are stored after
+    the reset); they stay counted, so every fragment has exactly 10 agent steps."""
+    cfg = config(
+        "tests.test_runner_flush:FailsSecondReset", env_config={"num_agents": 2, "episode_len": 3},
+        num_envs=1, rollout_fragment_length=10, seed=3, count_steps_by="agent_steps",
+    )
+    with EnvRunner(cfg) as runner:
+        batches = [runner.sample() for _ in range(4)]
+        assert runner.get_metrics()["num_faulty_episodes"] == 1
+    for batch in batches:
+        check_batch_invariants(batch)
+        assert batch.agent_steps() == 10

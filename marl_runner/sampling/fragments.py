@@ -40,16 +40,34 @@ class FragmentBuilder:
         self._count_agent_steps = count_agent_steps
         self._keys = key_table
         self.stores: dict[str, PolicyTrajectories] = {}
-        self._env_steps = np.zeros(num_envs, np.int64)  # since the sub-env's last fragment
-        self._agent_steps = np.zeros(num_envs, np.int64)
-        self._episode_steps = np.zeros(num_envs, np.int64)  # of the running episode, unbuilt
-        self._episodes_ended = np.zeros(num_envs, np.int64)  # since the last fragment
+        # Per sub-env counts, one row each, so that one copy keeps them as a round found them.
+        self._counts = np.zeros((5, num_envs), np.int64)
+        (
+            self._env_steps,  # since the sub-env's last fragment
+            self._agent_steps,
+            self._episode_steps,  # of the running episode, unbuilt
+            self._episode_agent_steps,  # of the episode whose rows the round stores, unbuilt
+            self._episodes_ended,  # since the last fragment
+        ) = self._counts
+        self._counts_at_round_start = self._counts.copy()
+        # Episodes that ended or were dropped in this round (see `undo_round`).
+        self._finished_in_round: list[MultiAgentEpisode] = []
         self._episodes_to_build: list[tuple[MultiAgentEpisode, int]] = []
         self._unroll_id = 0
         self.built_episodes = 0
         self.fragments_per_env = np.zeros(num_envs, np.int64)
 
     # ---- counting
+
+    def begin_round(self) -> None:
+        """Keeps the counts as a runner step finds them, for `undo_round`. An episode that
+        ended in the last round had its last agent steps counted after it ended (the store
+        comes after the episode ends): only now does its sub-env's episode count restart."""
+        finished = self._finished_in_round
+        if finished:
+            self._episode_agent_steps[[episode.env_id for episode in finished]] = 0
+            self._finished_in_round = []
+        np.copyto(self._counts_at_round_start, self._counts)
 
     def count_env_steps(self, env_ids: np.ndarray) -> None:
         """One env step for each listed sub-env, listed once (towards its fragment and its
@@ -74,7 +92,9 @@ class FragmentBuilder:
         if self._count_agent_steps:
             closing_env_ids = env_ids[closing]
             if len(closing_env_ids):
-                self._agent_steps += np.bincount(closing_env_ids, minlength=len(self._agent_steps))
+                counts = np.bincount(closing_env_ids, minlength=len(self._agent_steps))
+                self._agent_steps += counts
+                self._episode_agent_steps += counts
 
     # ---- episodes
 
@@ -86,9 +106,34 @@ class FragmentBuilder:
         else:
             self._episodes_to_build.append((episode, int(self._episode_steps[env_id])))
         self._episode_steps[env_id] = 0
+        self._finished_in_round.append(episode)
 
     def episode_dropped(self, episode: MultiAgentEpisode) -> None:
         """No training data from a faulty episode: its unbuilt rows and steps go."""
+        env_id = episode.env_id
+        # An episode that ended in this round owns the sub-env's agent steps of the round;
+        # one dropped after it started in it and has taken none.
+        ended_in_round = any(e.env_id == env_id for e in self._finished_in_round)
+        self._forget_steps(episode, agent_steps=not ended_in_round)
+        self._finished_in_round.append(episode)
+
+    def undo_round(self, env_id: int) -> None:
+        """The runner step that polled or reset the sub-env raised before all its rows were
+        stored: its counts go back to where the step found them, and an episode that ended
+        in the step loses its rows (some may be missing) and its steps. Episodes that ended
+        before keep theirs, to be built as usual; the episode running now is the caller's
+        to drop (``episode_dropped``)."""
+        self._counts[:, env_id] = self._counts_at_round_start[:, env_id]
+        finished = [e for e in self._finished_in_round if e.env_id == env_id]
+        for episode in finished:  # its steps are counted as its episode's (one ran then)
+            self._forget_steps(episode, agent_steps=True)
+        if finished:
+            self._episodes_to_build = [
+                (e, n) for e, n in self._episodes_to_build if e not in finished
+            ]
+
+    def _forget_steps(self, episode: MultiAgentEpisode, *, agent_steps: bool) -> None:
+        """Drops the episode's unbuilt rows, and its sub-env's running-episode steps."""
         keys = self._live_keys(episode)
         if keys:
             mask = self._keys.mask(keys)
@@ -98,25 +143,15 @@ class FragmentBuilder:
         env_id = episode.env_id
         self._env_steps[env_id] -= self._episode_steps[env_id]
         self._episode_steps[env_id] = 0
+        if agent_steps:
+            self._agent_steps[env_id] -= self._episode_agent_steps[env_id]
+            self._episode_agent_steps[env_id] = 0
 
     def forget(self, episode: MultiAgentEpisode) -> None:
         """An episode kept out of training ended: its trajectory keys (it stored no rows) go."""
         keys = self._live_keys(episode)
         if keys:
             self._keys.release(np.asarray(keys, np.int64))
-
-    def drop_env(self, env_id: int) -> None:
-        """Forgets every unbuilt row and step of one sub-env (after an interrupted step)."""
-        owner = self._keys.episode
-        keys = [k for k in np.flatnonzero(self._keys.env_id == env_id).tolist() if owner[k] is not None]
-        if keys:
-            mask = self._keys.mask(keys)
-            for store in self.stores.values():
-                store.drop_keys(mask)
-            self._keys.release(np.asarray(keys, np.int64))
-        for counter in (self._env_steps, self._agent_steps, self._episode_steps, self._episodes_ended):
-            counter[env_id] = 0
-        self._episodes_to_build = [(e, n) for e, n in self._episodes_to_build if e.env_id != env_id]
 
     def move_rows(self, from_policy: str, to_policy: str | None) -> None:
         """A removed policy's stored rows go to the policy its agents now map to.
@@ -156,7 +191,9 @@ class FragmentBuilder:
             env_mask = np.zeros(len(self._env_steps), bool)
             env_mask[ready] = True
             env_steps = int(self._env_steps[ready].sum())
-            for counter in (self._env_steps, self._agent_steps, self._episode_steps):
+            for counter in (
+                self._env_steps, self._agent_steps, self._episode_steps, self._episode_agent_steps
+            ):
                 counter[ready] = 0
             self.fragments_per_env[ready] += 1
             self.built_episodes += int(self._episodes_ended[ready].sum())

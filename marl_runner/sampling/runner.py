@@ -309,6 +309,7 @@ class EnvRunner:
         try:
             if self._unfinished:
                 self._recover_interrupted_step(outputs)
+            self._fragments.begin_round()
             timer = StepTimer()
             polled = self._poll()
             timer.lap("poll")
@@ -563,16 +564,17 @@ class EnvRunner:
         """The last step raised before its actions were sent and its rows stored: the
         polled (or reset) sub-envs' episodes cannot go on. They are dropped (no training
         data) and reset; the results of a step they were sent are never handed out
-        (`_collect` skips them; `try_reset` drops one still pending)."""
+        (`_collect` skips them; `try_reset` drops one still pending). Their episodes that
+        had ended in earlier steps keep their rows (`FragmentBuilder.undo_round`)."""
         interrupted = sorted(self._unfinished)
         self._unfinished.clear()
         for env_id in interrupted:
+            self._fragments.undo_round(env_id)
             if env_id in self._episodes.active:
                 error = InterruptedStepError(
                     f"sub-env {env_id}: the runner step in which its episode was running raised"
                 )
                 outputs.append(self._episodes.drop(env_id, error))
-            self._fragments.drop_env(env_id)
             self._to_reset.add(env_id)
 
     # ------------------------------------------------------------------ metrics, life cycle
