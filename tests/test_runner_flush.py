@@ -292,3 +292,41 @@ def test_a_failed_reset_after_an_episode_end_keeps_that_episodes_agent_steps() -
     for batch in batches:
         check_batch_invariants(batch)
         assert batch.agent_steps() == 10
+
+
+class FailsAtFifthEpisodeEnd(Callbacks):
+    """``on_episode_end`` raises for the fifth episode to end."""
+
+    def __init__(self) -> None:
+        self.ended = 0
+
+    def on_episode_end(self, **kwargs: Any) -> None:
+        self.ended += 1
+        if self.ended == 5:
+            raise RuntimeError("on_episode_end broke")
+
+
+def test_an_episode_end_callback_that_raises_drops_only_that_episode() -> None:
+    """Two sub-envs in step, episodes of 3 steps: the third episodes end in the same
+    round, and the first of them to end breaks the callback. The four episodes before go
+    out whole in the flush; the broken one leaves no row behind, in the flush or later
+    (its rows, not yet handed out, would otherwise stay in the store for good)."""
+    cfg = config(
+        "marl_runner.bench.envs.cheap_env:CheapEnv", env_config={"num_agents": 2, "episode_len": 3},
+        rollout_fragment_length=20, seed=3,
+        callbacks="tests.test_runner_flush:FailsAtFifthEpisodeEnd",
+    )
+    with EnvRunner(cfg) as runner:
+        with pytest.raises(RuntimeError, match="on_episode_end broke"):
+            runner.sample()
+        flushed = runner.flush()
+        after = [runner.sample() for _ in range(2)]
+    check_batch_invariants(flushed)
+    _first_two_episodes_whole(flushed)
+    assert flushed.env_steps() == 12 and flushed.agent_steps() == 24
+    for batch in after:
+        check_batch_invariants(batch)
+        assert batch.env_steps() == 2 * 20 and batch.agent_steps() == 2 * 2 * 20
+    # Every sub-env started afresh after the flush: no trajectory of the next batch
+    # continues one (a row of the broken episode left in the store would).
+    assert not after[0].policy_batches["shared"]["continues"].any()

@@ -146,13 +146,15 @@ class EpisodeLifecycle:
             )
         del self.active[episode.env_id]
         self._episode_failures.pop(episode.env_id, None)
-        if "on_episode_end" in self._hooks:
-            self._callbacks.on_episode_end(**self._hook_kwargs(episode))
+        # Before the callback: if it raises, the step's recovery finds the episode among
+        # those that ended in the step (`FragmentBuilder.undo_round`) and drops its rows.
         if episode.training_enabled:
             self._fragments.episode_ended(episode)
         else:
             self.untrained_env_ids.discard(episode.env_id)
             self._fragments.forget(episode)
+        if "on_episode_end" in self._hooks:
+            self._callbacks.on_episode_end(**self._hook_kwargs(episode))
         return self._record(episode)
 
     def drop(self, env_id: int, error: BaseException) -> RolloutMetrics:
