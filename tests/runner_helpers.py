@@ -131,3 +131,21 @@ def _complete_trajectories(batch: MultiAgentBatch) -> set[tuple[int, int]]:
             if done[rows[-1]] and policy_batch["t"][rows[0]] == 0:
                 complete.add(key)
     return complete
+
+
+class FailsOnceAtThirdEpisodeEnd(Callbacks):
+    """``on_episode_end`` raises at the third episode end of the one runner that first
+    creates ``token`` (a file): one failed sample in the whole group, restarts included."""
+
+    def __init__(self, token: str) -> None:
+        self.token, self.ended = token, 0
+
+    def on_episode_end(self, **kwargs: Any) -> None:
+        self.ended += 1
+        if self.ended == 3:
+            try:
+                with open(self.token, "x"):
+                    pass
+            except FileExistsError:
+                return
+            raise RuntimeError("on_episode_end broke")

@@ -10,6 +10,7 @@ import torch
 
 from marl_runner.checks import check_batch_invariants
 from marl_runner.distributed import EnvRunnerGroup, EnvRunnerGroupError
+from tests.runner_helpers import FailsOnceAtThirdEpisodeEnd
 from tests.test_ray_envs import check_complete_episodes, recorded_obs, timed_config
 
 RUNNER_CPUS = 0.5  # two runners (and a restarted one) fit the fixture's 2 CPUs
@@ -218,3 +219,39 @@ def test_flush_hands_out_the_samples_still_running(ray_local) -> None:
     assert ended == metrics["episodes"] > 0  # every episode the runners finished is out
     assert metrics["num_env_steps"] == sum(b.env_steps() for b in batches)
     assert again.env_steps() == 0 and again.agent_steps() == 0
+
+
+def test_a_runner_whose_sample_raises_hands_over_its_finished_episodes(
+    ray_local, tmp_path
+) -> None:
+    """Fragments of 40 steps, episodes of 5: when a runner's third episode end raises,
+    its first two episodes (and its other sub-env's) are unbuilt. The runner hands them
+    over before it is replaced: they come out whole in the group's batches, counted in
+    its metrics, and the restarted runner samples on."""
+    episode_len = 5
+    cfg = timed_config(
+        seed=11, batch_mode="truncate_episodes", rollout_fragment_length=40,
+        env_config={"episode_len": episode_len},
+    )
+    callbacks = FailsOnceAtThirdEpisodeEnd(str(tmp_path / "token"))
+    with _group(cfg, max_restarts=1, callbacks=callbacks) as group:
+        batch = group.sample()
+        rest = group.flush()
+        metrics = group.get_metrics()
+        faults = list(group.faults)
+        healthy = group.healthy_runner_ids()
+    assert len(faults) == 1 and "on_episode_end broke" in faults[0].error and faults[0].restarted
+    assert healthy == [1, 2]
+    assert "it handed over 10 env steps first" in faults[0].error
+    check_batch_invariants(batch)
+    shared = batch.policy_batches["shared"]
+    finals = shared["terminateds"] | shared["truncateds"]
+    assert np.all(shared["t"][finals] == episode_len - 1)  # each one whole
+    # Two runners' fragments (2 sub-envs x 40 steps each: 8 episodes per sub-env), and
+    # the failed runner's first episode on each sub-env (its second broke, or was running).
+    assert batch.env_steps() == 2 * 2 * 40 + 2 * episode_len
+    assert len(np.unique(shared["eps_id"][finals])) == metrics["episodes"] == 2 * 2 * 8 + 2
+    assert metrics["num_faulty_episodes"] == 1
+    # The steps of the two dropped episodes were sampled too (metrics count them).
+    assert metrics["num_env_steps"] == batch.env_steps() + 2 * episode_len
+    assert rest.env_steps() == 0

@@ -27,6 +27,9 @@ logger = logging.getLogger(__name__)
 #: Seeds of different runners are this many sub-envs apart (times num_envs), so
 #: that no two runners, nor a runner and its restarted self, seed a sub-env alike.
 SEED_STRIDE = 1000
+#: How long a runner whose sample raised gets to hand over what it holds (a flush steps
+#: no env; it builds fragments from what the runner stored).
+SALVAGE_TIMEOUT_S = 60.0
 
 
 class EnvRunnerGroupError(RuntimeError):
@@ -68,11 +71,14 @@ class EnvRunnerGroup:
 
     With remote runners, `sample` and `iter_batches` sample on them (the local
     runner only holds weights); without, on the local runner. A remote runner
-    that dies (killed, OOM, an exception in `sample`, or a sample slower than
-    `sample_timeout_s`) loses its unfinished sample - never handed out - and
-    is restarted, up to `max_restarts` times per runner, with the group's
-    current weights and filter statistics; then it is dropped. The others go
-    on untouched. `faults` lists every death with its cause.
+    that dies (killed, OOM, or a sample slower than `sample_timeout_s`) loses
+    its unfinished sample - never handed out - and is restarted, up to
+    `max_restarts` times per runner, with the group's current weights and
+    filter statistics; then it is dropped. One whose sample raises is alive:
+    it first hands over what it holds (`EnvRunner.flush`: the fragments it
+    built, its finished episodes), which comes out with the group's next batch,
+    and is then replaced the same way. The others go on untouched. `faults`
+    lists every death or failed sample with its cause.
 
     Args:
         config: the runner config (or its dict form).
@@ -133,6 +139,8 @@ class EnvRunnerGroup:
         self._restarts: dict[int, int] = {}
         #: One sample request per busy remote runner: ref -> (runner id, start time).
         self._in_flight: dict[Any, tuple[int, float]] = {}
+        #: What remote runners whose sample raised handed over, not handed out yet.
+        self._salvaged: list[Any] = []
         self._weights_ref: Any = None
         self._filter_states: FilterStates = {}
         self._metric_parts: list[dict[str, Any]] = []
@@ -172,6 +180,7 @@ class EnvRunnerGroup:
             if batch is not None:
                 batches.append(batch)
                 done.add(runner_id)
+        batches.extend(self._pop_salvaged())
         if not batches:
             raise EnvRunnerGroupError(f"no healthy runners left; faults: {self._fault_text()}")
         return concat_samples(batches)
@@ -192,10 +201,13 @@ class EnvRunnerGroup:
                 continue
             self._request_samples(set(self._remote), sample_kwargs)
             batch, runner_id = self._next_result()
-            if batch is None:
-                continue
+            if batch is None:  # the runner died; a failed sample's rows may have come out
+                salvaged = self._pop_salvaged()
+                if not salvaged:
+                    continue
+                batch = concat_samples(salvaged)
             produced += 1
-            if num_batches is None or produced < num_batches:
+            if (num_batches is None or produced < num_batches) and runner_id in self._remote:
                 self._request_samples({runner_id}, sample_kwargs)  # busy while the caller works
             yield batch
 
@@ -223,6 +235,7 @@ class EnvRunnerGroup:
         for batch, metrics in self._call_remote("flush").values():
             self._note_sample(batch, metrics)
             batches.append(batch)
+        batches.extend(self._pop_salvaged())
         return concat_samples(batches) if batches else MultiAgentBatch({}, env_steps=0)
 
     # ------------------------------------------------------------------ weights and state
@@ -421,11 +434,37 @@ class EnvRunnerGroup:
         runner_id, _ = self._in_flight.pop(ref)
         try:
             batch, metrics = ray.get(ref)
-        except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as error:
+        except ray.exceptions.RayTaskError as error:  # the sample raised: the runner lives
+            handed_over = self._salvage(runner_id)
+            cause = _describe(getattr(error, "cause", None) or error)
+            self._restart(runner_id, f"its sample raised {cause} ({handed_over})")
+            return None, runner_id
+        except ray.exceptions.RayActorError as error:
             self._restart(runner_id, _describe(error))
             return None, runner_id
         self._note_sample(batch, metrics)
         return batch, runner_id
+
+    def _salvage(self, runner_id: int) -> str:
+        """What a runner whose sample raised holds (its `flush()`: the fragments that
+        sample built, and its sub-envs' rows since, finished episodes among them) goes
+        out with the group's next batch; lost only if the flush fails too. Says which."""
+        import ray
+
+        try:
+            batch, metrics = ray.get(
+                self._remote[runner_id].flush.remote(), timeout=SALVAGE_TIMEOUT_S
+            )
+        except ray.exceptions.RayError as error:
+            return f"what it held is lost: its flush failed too: {_describe(error)}"
+        self._note_sample(batch, metrics)
+        if batch.agent_steps():
+            self._salvaged.append(batch)
+        return f"it handed over {batch.env_steps()} env steps first"
+
+    def _pop_salvaged(self) -> list[Any]:
+        salvaged, self._salvaged = self._salvaged, []
+        return salvaged
 
     def _call_remote(self, method: str, *args: Any) -> dict[int, Any]:
         """`method(*args)` on every remote runner; dead ones are restarted and left out."""
