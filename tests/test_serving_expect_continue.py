@@ -13,7 +13,7 @@ import socket
 
 import pytest
 
-from marl_runner.serving import codec
+from marl_runner.serving import codec, http_app
 from tests.test_serving_http import served
 
 TOKEN = "secret"
@@ -49,6 +49,13 @@ REFUSALS = [
     pytest.param({"length": 10_000}, "413", id="too-large"),
     pytest.param({"extra": "Transfer-Encoding: chunked\r\n"}, "400", id="chunked-and-length"),
 ]
+
+
+@pytest.fixture(autouse=True)
+def _short_linger(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A refused request's connection closes once the server stops reading its body for
+    good (`LINGER_S`, 2 s): waited for here by each test, so shortened."""
+    monkeypatch.setattr(http_app, "LINGER_S", 0.2)
 
 
 @pytest.mark.parametrize(("head", "status"), REFUSALS)
