@@ -330,3 +330,39 @@ def test_an_episode_end_callback_that_raises_drops_only_that_episode() -> None:
     # Every sub-env started afresh after the flush: no trajectory of the next batch
     # continues one (a row of the broken episode left in the store would).
     assert not after[0].policy_batches["shared"]["continues"].any()
+
+
+class FailsOnEveryFaultyEpisodeEnd(Callbacks):
+    """``on_episode_end`` raises for every faulty episode (it is told its exception)."""
+
+    def on_episode_end(self, *, exception: BaseException | None = None, **kwargs: Any) -> None:
+        if exception is not None:
+            raise RuntimeError("on_episode_end broke on a faulty episode")
+
+
+def test_a_callback_raising_while_a_step_is_recovered_leaves_no_sub_env_behind() -> None:
+    """A step raises (an agent connector); the next step drops its sub-envs' episodes, and
+    the callback raises for the first of them. Every sub-env is reset all the same and
+    samples on: one left out would never be polled again (``sample()`` would wait for its
+    fragment forever)."""
+    cfg = config(
+        "marl_runner.bench.envs.cheap_env:CheapEnv", env_config={"num_agents": 2, "episode_len": 3},
+        num_envs=3, rollout_fragment_length=5, seed=3,
+        callbacks="tests.test_runner_flush:FailsOnEveryFaultyEpisodeEnd",
+    )
+    with EnvRunner(cfg) as runner:
+        pipeline = runner.policy_map.entries["shared"].agent_pipeline
+        pipeline.append(_RaisesOnCall(pipeline.ctx, 3))
+        for _ in range(2):
+            runner.step()
+        with pytest.raises(RuntimeError, match="agent connector broke"):
+            runner.step()
+        with pytest.raises(RuntimeError, match="broke on a faulty episode"):
+            runner.step()
+        batches = []
+        for _ in range(20):  # bounded: enough for every sub-env's next fragment
+            batches.extend(b for b in runner.step() if isinstance(b, MultiAgentBatch))
+        stepped = {int(e) for b in batches for e in b.policy_batches["shared"]["env_id"]}
+    assert stepped == {0, 1, 2}
+    for batch in batches:
+        check_batch_invariants(batch)

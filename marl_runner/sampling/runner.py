@@ -568,14 +568,21 @@ class EnvRunner:
         had ended in earlier steps keep their rows (`FragmentBuilder.undo_round`)."""
         interrupted = sorted(self._unfinished)
         self._unfinished.clear()
+        # Each is reset whatever a callback below raises: one left out would never be polled.
+        self._to_reset.update(interrupted)
+        raised = None
         for env_id in interrupted:
             self._fragments.undo_round(env_id)
             if env_id in self._episodes.active:
                 error = InterruptedStepError(
                     f"sub-env {env_id}: the runner step in which its episode was running raised"
                 )
-                outputs.append(self._episodes.drop(env_id, error))
-            self._to_reset.add(env_id)
+                try:
+                    outputs.append(self._episodes.drop(env_id, error))
+                except BaseException as callback_error:  # on_episode_end: after the drop
+                    raised = raised or callback_error
+        if raised is not None:
+            raise raised
 
     # ------------------------------------------------------------------ metrics, life cycle
 
