@@ -14,12 +14,13 @@ import pytest
 
 from connectors import AgentConnector
 from connectors.data import AgentRows
-from marl_runner import EnvRunner, MultiAgentBatch
+from marl_runner import Callbacks, EnvRunner, MultiAgentBatch
 from marl_runner.checks import trajectory_rows
 from marl_runner.sampling.fragments import FragmentBuilder
 from tests.envs import CheapEnv
 from tests.runner_helpers import config
 from tests.test_runner_faults import assert_nothing_lost_or_repeated
+from tests.test_runner_flush import _RaisesOnCall
 
 EPISODE_LEN = 7
 COUNTING = "tests.test_runner_send_before_store:CountingEnv"
@@ -457,3 +458,40 @@ def test_an_async_pool_restarting_crashed_sub_envs_keeps_invariants() -> None:
     assert metrics["num_faulty_episodes"] >= 1 and metrics["num_sub_env_restarts"] >= 1
     assert_nothing_lost_or_repeated(batches)
     assert_trajectories_whole(batches)
+
+
+class _StepBreaksWhenArmed(Callbacks):
+    """``on_episode_step`` raises once, when ``armed``."""
+
+    armed = False
+
+    def on_episode_step(self, **kwargs: Any) -> None:
+        if self.armed:
+            self.armed = False
+            raise RuntimeError("on_episode_step broke")
+
+
+def test_a_step_that_raises_before_its_resets_leaves_them_for_the_next() -> None:
+    """(Found in review.) Sub-env 0 steps slowly, so an async pool polls sub-env 1 alone:
+    the round that raises has only sub-env 1, which is then to be reset. The next step
+    polls sub-env 0, whose ``on_episode_step`` raises before that reset: sub-env 1 must be
+    reset in a later step all the same, and ``sample()`` must come back with both
+    (before, sub-env 1 was never reset nor polled again, and it never did)."""
+    cfg = config(
+        COUNTING, num_envs=2, seed=0, rollout_fragment_length=4,
+        env_config={"num_agents": 2, "episode_len": EPISODE_LEN, "slow_seed": 0, "slow_delay_s": 0.1},
+        vectorize="subprocess", num_envs_per_poll=1, num_workers=2,
+    )
+    with EnvRunner(cfg, callbacks=_StepBreaksWhenArmed()) as runner:
+        pipeline = runner.policy_map.entries["shared"].agent_pipeline
+        pipeline.append(_RaisesOnCall(pipeline.ctx, 3))
+        for _ in range(2):
+            runner.step()
+        with pytest.raises(RuntimeError, match="agent connector broke"):
+            runner.step()
+        runner.callbacks.armed = True
+        with pytest.raises(RuntimeError, match="on_episode_step broke"):
+            runner.step()
+        batch = runner.sample()  # waits for both sub-envs' fragments
+    assert set(batch.policy_batches["shared"]["env_id"].tolist()) == {0, 1}
+    _check([batch])

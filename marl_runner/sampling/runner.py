@@ -353,6 +353,8 @@ class EnvRunner:
         round_ = Round()
         episodes = self._episodes
         to_reset, self._to_reset = self._to_reset, set()
+        # Unfinished until the step is: if it raises before resetting them, they are not lost.
+        self._unfinished.update(to_reset)
         # Left-over sub-envs of a step that did not finish are skipped: their reset replaces them.
         stepped, rest, ended = self._collector.collect_unchanged(
             round_, polled, episodes.active, to_reset
