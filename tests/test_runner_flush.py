@@ -366,3 +366,54 @@ def test_a_callback_raising_while_a_step_is_recovered_leaves_no_sub_env_behind()
     assert stepped == {0, 1, 2}
     for batch in batches:
         check_batch_invariants(batch)
+
+
+@pytest.mark.parametrize("batch_mode", ["complete_episodes", "truncate_episodes"])
+def test_episodes_kept_out_of_training_leave_no_rows_and_hold_no_keys(batch_mode: str) -> None:
+    """(Found in review.) Sub-env 1 keeps every other episode out of training, and its
+    next episode starts in the round one ends. The ended one's last rows are kept out
+    too, and its trajectory keys stay its own until that round is stored: before, they
+    were freed first, its last rows were stored under them, and a new episode taking
+    them got those rows in its trajectories (or the build failed with an IndexError)."""
+    cfg = config(
+        "marl_runner.bench.envs.cheap_env:CheapEnv", env_config={"num_agents": 2, "episode_len": 3},
+        rollout_fragment_length=5, seed=0, batch_mode=batch_mode,
+    )
+    starts = {0: 0, 1: 0}
+
+    def training_enabled(env_id: int) -> bool:
+        starts[env_id] += 1
+        return env_id == 0 or starts[env_id] % 2 == 0
+
+    batches = []
+    with EnvRunner(cfg) as runner:
+        runner.env.training_enabled = training_enabled
+        for _ in range(40):
+            batches += [b for b in runner.step() if isinstance(b, MultiAgentBatch)]
+        batches.append(runner.flush())
+        live_keys = sum(owner is not None for owner in runner._key_table.episode)
+        # (An episode kept out that ended in the last round frees its keys in the next.)
+        running_slots = sum(
+            len(e.slots)
+            for e in [*runner._episodes.active.values(), *runner._episodes._untrained_ended]
+        )
+    times: dict[tuple[int, int], list[int]] = {}
+    env_of: dict[int, int] = {}
+    for batch in batches:
+        check_batch_invariants(batch)
+        if not batch.policy_batches:
+            continue
+        shared = batch.policy_batches["shared"]
+        for env_id, eps_id, agent, t in zip(
+            shared["env_id"].tolist(), shared["eps_id"].tolist(),
+            shared["agent_index"].tolist(), shared["t"].tolist(),
+        ):
+            times.setdefault((eps_id, agent), []).append(t)
+            env_of[eps_id] = env_id
+    for key, ts in times.items():  # each whole so far, none with another's rows
+        assert sorted(ts) == list(range(len(ts))) and len(ts) <= 3, (key, ts)
+    per_env = [sum(env == env_id for env in env_of.values()) for env_id in (0, 1)]
+    # Every episode of sub-env 0, every other one of sub-env 1 (both 14 starts, in rounds
+    # 0, 3, ..., 39: the last, trained on both, has no transition yet).
+    assert starts == {0: 14, 1: 14} and per_env == [13, 6]
+    assert live_keys == running_slots

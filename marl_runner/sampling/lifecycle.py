@@ -86,12 +86,28 @@ class EpisodeLifecycle:
         # (``env_t``) is this minus its episode's start, also for an episode that ended in
         # the round its sub-env was reset.
         self._sub_env_steps = np.zeros(config.num_envs, np.int64)
-        # Sub-envs whose running episode is kept out of training.
+        # Sub-envs whose running episode is kept out of training, or whose episode kept out
+        # of training ended in this round (its last rows are not stored either).
         self.untrained_env_ids: set[int] = set()
+        self._untrained_ended: list[MultiAgentEpisode] = []
         self._reset_failures: dict[int, int] = {}
         self._episode_failures: dict[int, int] = {}
 
     # ---- events
+
+    def begin_round(self) -> None:
+        """Episodes kept out of training that ended in the last round: their trajectory keys
+        go only now, after that round's rows were stored (a key freed before could be
+        taken by a new episode in the same round), and their sub-env's rows are stored
+        again unless its new episode is kept out too."""
+        if not self._untrained_ended:
+            return
+        for episode in self._untrained_ended:
+            self._fragments.forget(episode)
+            running = self.active.get(episode.env_id)
+            if running is None or running.training_enabled:
+                self.untrained_env_ids.discard(episode.env_id)
+        self._untrained_ended = []
 
     def episode_for(self, env_id: int) -> MultiAgentEpisode:
         """The sub-env's running episode; its obs start it when it has not started yet."""
@@ -150,9 +166,8 @@ class EpisodeLifecycle:
         # those that ended in the step (`FragmentBuilder.undo_round`) and drops its rows.
         if episode.training_enabled:
             self._fragments.episode_ended(episode)
-        else:
-            self.untrained_env_ids.discard(episode.env_id)
-            self._fragments.forget(episode)
+        else:  # its rows of this round are still to be kept out (`begin_round`)
+            self._untrained_ended.append(episode)
         if "on_episode_end" in self._hooks:
             self._callbacks.on_episode_end(**self._hook_kwargs(episode))
         return self._record(episode)
@@ -162,7 +177,8 @@ class EpisodeLifecycle:
         logger.warning("sub-env %d failed; dropping its episode: %r", env_id, error)
         episode = self.active.pop(env_id, None) or self._new_episode(env_id)
         episode.faulty = True
-        self.untrained_env_ids.discard(env_id)
+        if not any(ended.env_id == env_id for ended in self._untrained_ended):
+            self.untrained_env_ids.discard(env_id)
         self._fragments.episode_dropped(episode)
         self._metrics.add_fault(env_id, error)
         if "on_episode_end" in self._hooks:

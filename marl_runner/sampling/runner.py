@@ -310,6 +310,7 @@ class EnvRunner:
             if self._unfinished:
                 self._recover_interrupted_step(outputs)
             self._fragments.begin_round()
+            self._episodes.begin_round()
             timer = StepTimer()
             polled = self._poll()
             timer.lap("poll")
@@ -506,8 +507,8 @@ class EnvRunner:
             self._metrics.num_agent_steps += int(np.count_nonzero(closing))
             num_rows = len(rows)
             env_ids = rows["env_ids"]
-            if untrained:
-                trained = ~np.isin(env_ids, list(untrained))
+            if untrained:  # by trajectory: an ended episode's last rows and the next's first
+                trained = self._key_table.trained[rows["keys"]]
                 chunk = {
                     name: column[trained] if np.ndim(column) else column
                     for name, column in chunk.items()

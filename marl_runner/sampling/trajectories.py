@@ -43,7 +43,7 @@ class KeyTable:
 
     _ARRAYS = (
         "env_id", "eps_id", "agent_index", "next_t", "agent_id", "reward_total",
-        "episode_start_step", "built",
+        "episode_start_step", "built", "trained",
     )  # fmt: skip
 
     def __init__(self, capacity: int = 256) -> None:
@@ -59,6 +59,8 @@ class KeyTable:
         self.episode_start_step = np.zeros(capacity, np.int64)
         # Whether a built batch already holds transitions of the key.
         self.built = np.zeros(capacity, bool)
+        # Whether the key's rows are stored (its episode is not kept out of training).
+        self.trained = np.zeros(capacity, bool)
         self.episode: list[Any] = [None] * capacity
         self._free = list(range(capacity - 1, -1, -1))
 
@@ -80,6 +82,7 @@ class KeyTable:
         self.agent_id[key] = agent_id
         self.episode_start_step[key] = episode.start_step
         self.built[key] = False
+        self.trained[key] = episode.training_enabled
         self.episode[key] = episode
         return key
 
