@@ -417,3 +417,44 @@ def test_episodes_kept_out_of_training_leave_no_rows_and_hold_no_keys(batch_mode
     # 0, 3, ..., 39: the last, trained on both, has no transition yet).
     assert starts == {0: 14, 1: 14} and per_env == [13, 6]
     assert live_keys == running_slots
+
+
+class FailsFourthPostprocessing(Callbacks):
+    """``on_postprocess_trajectory`` raises on its fourth call (once)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def on_postprocess_trajectory(self, **kwargs: Any) -> None:
+        self.calls += 1
+        if self.calls == 4:
+            raise RuntimeError("postprocessing broke")
+
+
+def test_complete_episodes_a_failed_build_hands_out_no_empty_fragments() -> None:
+    """(Found in review.) complete_episodes, two sub-envs in step: their first episodes
+    end in the same round, and post-processing the second one's second trajectory raises.
+    That fragment is lost with it (its rows left the store), but it is neither built again
+    (as an empty fragment still claiming its env steps) nor holds its keys; the first
+    episode's fragment, built before, comes out with the next step's."""
+    cfg = config(
+        "marl_runner.bench.envs.cheap_env:CheapEnv", env_config={"num_agents": 2, "episode_len": 3},
+        rollout_fragment_length=5, seed=3, batch_mode="complete_episodes",
+        callbacks="tests.test_runner_flush:FailsFourthPostprocessing",
+    )
+    batches = []
+    with EnvRunner(cfg) as runner:
+        for _ in range(3):
+            runner.step()
+        with pytest.raises(RuntimeError, match="postprocessing broke"):
+            runner.step()
+        for _ in range(8):
+            batches += [b for b in runner.step() if isinstance(b, MultiAgentBatch)]
+        live_keys = sum(owner is not None for owner in runner._key_table.episode)
+        running_slots = sum(len(e.slots) for e in runner._episodes.active.values())
+    assert batches[0].policy_batches["shared"]["env_id"].tolist() == [0] * 6
+    for batch in batches:
+        check_batch_invariants(batch)
+        assert batch.agent_steps() == 2 * batch.env_steps() == 2 * 3
+    assert len(batches) == 1 + 2 * 2  # then the second and third episodes of both
+    assert live_keys == running_slots

@@ -53,6 +53,7 @@ class FragmentBuilder:
         # Episodes that ended or were dropped in this round (see `undo_round`).
         self._finished_in_round: list[MultiAgentEpisode] = []
         self._episodes_to_build: list[tuple[MultiAgentEpisode, int]] = []
+        self._built_before_error: list[MultiAgentBatch] = []
         self._unroll_id = 0
         self.built_episodes = 0
         self.fragments_per_env = np.zeros(num_envs, np.int64)
@@ -199,27 +200,36 @@ class FragmentBuilder:
             self.built_episodes += int(self._episodes_ended[ready].sum())
             self._episodes_ended[ready] = 0
             return [self._build(env_mask[self._keys.env_id], env_steps, postprocess)]
-        batches = []
-        for episode, steps in self._episodes_to_build:
+        # Those built before a build raised (a post-processing hook) come out first.
+        batches, self._built_before_error = self._built_before_error, []
+        while self._episodes_to_build:
+            episode, steps = self._episodes_to_build.pop(0)  # one that raises is not retried
             mask = self._keys.mask(self._live_keys(episode))
-            batches.append(self._build(mask, steps, postprocess))
+            try:
+                batches.append(self._build(mask, steps, postprocess))
+            except BaseException:
+                self._built_before_error = batches
+                raise
             self.built_episodes += 1
             self.fragments_per_env[episode.env_id] += 1
-        self._episodes_to_build = []
         return batches
 
     def _build(self, key_mask: np.ndarray, env_steps: int, postprocess: Postprocess) -> MultiAgentBatch:
-        """Transitions of the masked trajectories, post-processed, as one MultiAgentBatch."""
+        """Transitions of the masked trajectories, post-processed, as one MultiAgentBatch.
+        If post-processing raises, the fragment is lost (its rows left the store), and
+        its finished trajectories' keys are freed all the same."""
         self._unroll_id += 1
         built: dict[str, tuple[SampleBatch, Segments]] = {}
         finished = []
-        for policy_id, store in list(self.stores.items()):
-            batch, done_keys, segments = store.build(key_mask, self._keys, self._unroll_id)
-            finished.append(done_keys)
-            if batch is not None:
-                built[policy_id] = (batch, segments)
-        policy_batches = postprocess(built)
-        for done_keys in finished:
-            if len(done_keys):
-                self._keys.release(done_keys)
+        try:
+            for policy_id, store in list(self.stores.items()):
+                batch, done_keys, segments = store.build(key_mask, self._keys, self._unroll_id)
+                finished.append(done_keys)
+                if batch is not None:
+                    built[policy_id] = (batch, segments)
+            policy_batches = postprocess(built)
+        finally:
+            for done_keys in finished:
+                if len(done_keys):
+                    self._keys.release(done_keys)
         return MultiAgentBatch(policy_batches, env_steps)
