@@ -225,6 +225,16 @@ def _first_two_episodes_whole(batch: MultiAgentBatch) -> None:
             assert (shared["terminateds"][mine] | shared["truncateds"][mine]).sum() == 2
 
 
+def step_into_a_broken_round(runner: EnvRunner, number: int) -> None:
+    """Runner steps until the ``number``-th, whose agent connector raises (part-way)."""
+    pipeline = runner.policy_map.entries["shared"].agent_pipeline
+    pipeline.append(_RaisesOnCall(pipeline.ctx, number))
+    for _ in range(number - 1):
+        runner.step()
+    with pytest.raises(RuntimeError, match="agent connector broke"):
+        runner.step()
+
+
 @pytest.mark.parametrize("then", ["flush", "sample"])
 @pytest.mark.parametrize("count_steps_by", ["env_steps", "agent_steps"])
 @pytest.mark.parametrize("failing_round", [9, 10])
@@ -242,12 +252,7 @@ def test_a_step_that_raises_keeps_the_episodes_that_ended_before_it(
     )
     steps_per_fragment = 20 if count_steps_by == "env_steps" else 10
     with EnvRunner(cfg) as runner:
-        pipeline = runner.policy_map.entries["shared"].agent_pipeline
-        pipeline.append(_RaisesOnCall(pipeline.ctx, failing_round))
-        for _ in range(failing_round - 1):
-            runner.step()
-        with pytest.raises(RuntimeError, match="agent connector broke"):
-            runner.step()
+        step_into_a_broken_round(runner, failing_round)
         if then == "flush":
             flushed = runner.flush()
             check_batch_invariants(flushed)
@@ -351,12 +356,7 @@ def test_a_callback_raising_while_a_step_is_recovered_leaves_no_sub_env_behind()
         callbacks="tests.test_runner_flush:FailsOnEveryFaultyEpisodeEnd",
     )
     with EnvRunner(cfg) as runner:
-        pipeline = runner.policy_map.entries["shared"].agent_pipeline
-        pipeline.append(_RaisesOnCall(pipeline.ctx, 3))
-        for _ in range(2):
-            runner.step()
-        with pytest.raises(RuntimeError, match="agent connector broke"):
-            runner.step()
+        step_into_a_broken_round(runner, 3)
         with pytest.raises(RuntimeError, match="broke on a faulty episode"):
             runner.step()
         batches = []

@@ -20,7 +20,7 @@ from marl_runner.sampling.fragments import FragmentBuilder
 from tests.envs import CheapEnv
 from tests.runner_helpers import config
 from tests.test_runner_faults import assert_nothing_lost_or_repeated
-from tests.test_runner_flush import _RaisesOnCall
+from tests.test_runner_flush import step_into_a_broken_round
 
 EPISODE_LEN = 7
 COUNTING = "tests.test_runner_send_before_store:CountingEnv"
@@ -483,12 +483,7 @@ def test_a_step_that_raises_before_its_resets_leaves_them_for_the_next() -> None
         vectorize="subprocess", num_envs_per_poll=1, num_workers=2,
     )
     with EnvRunner(cfg, callbacks=_StepBreaksWhenArmed()) as runner:
-        pipeline = runner.policy_map.entries["shared"].agent_pipeline
-        pipeline.append(_RaisesOnCall(pipeline.ctx, 3))
-        for _ in range(2):
-            runner.step()
-        with pytest.raises(RuntimeError, match="agent connector broke"):
-            runner.step()
+        step_into_a_broken_round(runner, 3)
         runner.callbacks.armed = True
         with pytest.raises(RuntimeError, match="on_episode_step broke"):
             runner.step()
