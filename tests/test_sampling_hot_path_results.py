@@ -409,7 +409,7 @@ def test_distribute_actions_sends_each_acting_row_its_own_action(
 
 def _key_table(num_keys: int) -> tuple[KeyTable, list[int]]:
     table = KeyTable(8)
-    episode = SimpleNamespace(env_id=0, episode_id=1, start_step=0)
+    episode = SimpleNamespace(env_id=0, episode_id=1, start_step=0, training_enabled=True)
     return table, [table.allocate(episode, i, f"a{i}") for i in range(num_keys)]
 
 

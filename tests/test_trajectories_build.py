@@ -18,7 +18,10 @@ AGENT_IDS = ["player_0", 7, "a_much_longer_agent_name", "b"]
 
 
 def _episode(env_id: int) -> SimpleNamespace:
-    return SimpleNamespace(env_id=env_id, episode_id=1000 + env_id, start_step=0, rewards=RewardLedger())
+    return SimpleNamespace(
+        env_id=env_id, episode_id=1000 + env_id, start_step=0, rewards=RewardLedger(),
+        training_enabled=True,
+    )
 
 
 def _store(seed: int) -> tuple[PolicyTrajectories, KeyTable, dict[int, list[dict]]]:

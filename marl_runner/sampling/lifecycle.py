@@ -30,6 +30,10 @@ _ENV_ID = attrgetter("env_id")
 logger = logging.getLogger(__name__)
 
 
+class InterruptedStepError(RuntimeError):
+    """The step in which a sub-env's episode was running did not finish (the reason is its cause)."""
+
+
 class NoObservationError(RuntimeError):
     """An episode ended without the env ever observing any agent."""
 
@@ -184,6 +188,24 @@ class EpisodeLifecycle:
         if "on_episode_end" in self._hooks:
             self._callbacks.on_episode_end(**self._hook_kwargs(episode), exception=error)
         return self._record(episode)
+
+    def drop_interrupted(self, env_ids: list[int], outputs: list) -> None:
+        """Drops the episodes running on ``env_ids`` when a runner step raised (faulty,
+        ``InterruptedStepError``), their records into ``outputs``; an ``on_episode_end``
+        that raises for one is raised once all are dropped."""
+        raised = None
+        for env_id in env_ids:
+            if env_id not in self.active:
+                continue
+            error = InterruptedStepError(
+                f"sub-env {env_id}: the runner step in which its episode was running raised"
+            )
+            try:
+                outputs.append(self.drop(env_id, error))
+            except BaseException as callback_error:  # on_episode_end, after the drop itself
+                raised = raised or callback_error
+        if raised is not None:
+            raise raised
 
     def recover(self, env_id: int, error: BaseException) -> None:
         """After the sub-env itself failed: restart it, or raise when that is not allowed

@@ -52,10 +52,6 @@ class RoundActions(NamedTuple):
     columns: dict[str, dict[str, np.ndarray]]
 
 
-class InterruptedStepError(RuntimeError):
-    """The step in which a sub-env's episode was running did not finish (the reason is its cause)."""
-
-
 class EnvRunner:
     """Samples multi-agent episodes from a vector env into per-policy batches."""
 
@@ -573,19 +569,9 @@ class EnvRunner:
         self._unfinished.clear()
         # Each is reset whatever a callback below raises: one left out would never be polled.
         self._to_reset.update(interrupted)
-        raised = None
         for env_id in interrupted:
             self._fragments.undo_round(env_id)
-            if env_id in self._episodes.active:
-                error = InterruptedStepError(
-                    f"sub-env {env_id}: the runner step in which its episode was running raised"
-                )
-                try:
-                    outputs.append(self._episodes.drop(env_id, error))
-                except BaseException as callback_error:  # on_episode_end: after the drop
-                    raised = raised or callback_error
-        if raised is not None:
-            raise raised
+        self._episodes.drop_interrupted(interrupted, outputs)
 
     # ------------------------------------------------------------------ metrics, life cycle
 
