@@ -238,8 +238,9 @@ def test_many_open_connections_take_no_thread_each_and_idle_ones_time_out():
 
 def test_requests_over_the_concurrency_limit_get_503_with_retry_after():
     # The waiting request holds the only slot until the first episode times out: long
-    # enough for the health request below even on a loaded machine.
-    config = serve_config(num_envs=1, external_episode_timeout_s=4.0)
+    # enough for the health request below even on a loaded machine (4 s once was not, in
+    # a CI run of make test).
+    config = serve_config(num_envs=1, external_episode_timeout_s=8.0)
     with served(config, max_concurrency=1) as handle:
         status, first = handle.post_json("start_episode", {})
         assert status == 200
