@@ -149,3 +149,14 @@ class FailsOnceAtThirdEpisodeEnd(Callbacks):
             except FileExistsError:
                 return
             raise RuntimeError("on_episode_end broke")
+
+
+class FailsPostprocessingWhenTold(Callbacks):
+    """``on_postprocess_trajectory`` raises while ``failing`` is set (a test sets it on
+    one runner of a group)."""
+
+    failing = False
+
+    def on_postprocess_trajectory(self, **kwargs: Any) -> None:
+        if self.failing:
+            raise RuntimeError("postprocessing broke")

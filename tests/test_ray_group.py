@@ -10,7 +10,7 @@ import torch
 
 from marl_runner.checks import check_batch_invariants
 from marl_runner.distributed import EnvRunnerGroup, EnvRunnerGroupError
-from tests.runner_helpers import FailsOnceAtThirdEpisodeEnd
+from tests.runner_helpers import FailsOnceAtThirdEpisodeEnd, FailsPostprocessingWhenTold
 from tests.test_ray_envs import check_complete_episodes, recorded_obs, timed_config
 
 RUNNER_CPUS = 0.5  # two runners (and a restarted one) fit the fixture's 2 CPUs
@@ -255,3 +255,31 @@ def test_a_runner_whose_sample_raises_hands_over_its_finished_episodes(
     # The steps of the two dropped episodes were sampled too (metrics count them).
     assert metrics["num_env_steps"] == batch.env_steps() + 2 * episode_len
     assert rest.env_steps() == 0
+
+
+def test_a_flush_that_raises_in_one_runner_keeps_the_others(ray_local) -> None:
+    """The end of a run: runner 2's post-processing raises in its flush. Runner 1's rows
+    since its last fragment still come out, and runner 2 is replaced (a fault) rather
+    than the error ending the flush with every runner's data."""
+    cfg = timed_config(
+        seed=3, batch_mode="truncate_episodes", rollout_fragment_length=8,
+        env_config={"episode_len": 5},
+    )
+    with _group(cfg, max_restarts=1, callbacks=FailsPostprocessingWhenTold()) as group:
+        group.sample()
+        group.foreach_runner(lambda runner: [runner.step() for _ in range(3)])
+        ray_local.get(
+            group.remote_runners()[2].apply.remote(
+                lambda runner: setattr(runner.callbacks, "failing", True)
+            )
+        )
+        rest = group.flush()
+        faults = list(group.faults)
+        healthy = group.healthy_runner_ids()
+    check_batch_invariants(rest)
+    # Runner 1's three rounds on its 2 sub-envs.
+    assert rest.env_steps() == 2 * 3
+    assert set(rest.policy_batches["shared"]["env_id"].tolist()) == {0, 1}
+    assert [fault.runner_id for fault in faults] == [2] and faults[0].restarted
+    assert "its flush raised RuntimeError: postprocessing broke" in faults[0].error
+    assert healthy == [1, 2]

@@ -232,7 +232,7 @@ class EnvRunnerGroup:
             batch, _ = self._next_result()
             if batch is not None:
                 batches.append(batch)
-        for batch, metrics in self._call_remote("flush").values():
+        for batch, metrics in self._call_remote("flush", replace_raising=True).values():
             self._note_sample(batch, metrics)
             batches.append(batch)
         batches.extend(self._pop_salvaged())
@@ -466,8 +466,12 @@ class EnvRunnerGroup:
         salvaged, self._salvaged = self._salvaged, []
         return salvaged
 
-    def _call_remote(self, method: str, *args: Any) -> dict[int, Any]:
-        """`method(*args)` on every remote runner; dead ones are restarted and left out."""
+    def _call_remote(
+        self, method: str, *args: Any, replace_raising: bool = False
+    ) -> dict[int, Any]:
+        """`method(*args)` on every remote runner; dead ones are restarted and left out,
+        and with `replace_raising` so are those whose call raised (else its error is
+        raised): a flush that raises in one runner keeps the others' data."""
         if not self._remote:
             return {}
         import ray
@@ -480,6 +484,11 @@ class EnvRunnerGroup:
         for runner_id, ref in refs.items():
             try:
                 results[runner_id] = ray.get(ref)
+            except ray.exceptions.RayTaskError as error:
+                if not replace_raising:
+                    raise
+                cause = _describe(getattr(error, "cause", None) or error)
+                self._restart(runner_id, f"its {method} raised {cause} (what it held is lost)")
             except ray.exceptions.RayActorError as error:
                 self._restart(runner_id, _describe(error))
         return results
