@@ -436,7 +436,7 @@ class EnvRunnerGroup:
             batch, metrics = ray.get(ref)
         except ray.exceptions.RayTaskError as error:  # the sample raised: the runner lives
             handed_over = self._salvage(runner_id)
-            cause = _describe(getattr(error, "cause", None) or error)
+            cause = _describe_cause(error)
             self._restart(runner_id, f"its sample raised {cause} ({handed_over})")
             return None, runner_id
         except ray.exceptions.RayActorError as error:
@@ -487,7 +487,7 @@ class EnvRunnerGroup:
             except ray.exceptions.RayTaskError as error:
                 if not replace_raising:
                     raise
-                cause = _describe(getattr(error, "cause", None) or error)
+                cause = _describe_cause(error)
                 self._restart(runner_id, f"its {method} raised {cause} (what it held is lost)")
             except ray.exceptions.RayActorError as error:
                 self._restart(runner_id, _describe(error))
@@ -526,3 +526,8 @@ class EnvRunnerGroup:
 
 def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}".strip().splitlines()[0][:500]
+
+
+def _describe_cause(error: BaseException) -> str:
+    """What a remote call raised (a RayTaskError's cause), not Ray's task header."""
+    return _describe(getattr(error, "cause", None) or error)

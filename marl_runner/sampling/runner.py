@@ -277,8 +277,9 @@ class EnvRunner:
         fragments shorter than `rollout_fragment_length`. A fragment's episodes go on in
         the next `sample()`, whose rows continue them (`continues`).
 
-        After a step that raised part-way, the sub-envs it had polled lose their rows not
-        yet in a fragment (their episodes are recorded as faulty), as the next step would.
+        After a step that raised part-way, the episodes that ran or ended in it are
+        dropped (faulty), as the next step would; those its sub-envs finished before
+        come out (`FragmentBuilder.undo_round`).
         """
         outputs = self._undelivered
         if self._unfinished:
