@@ -235,3 +235,20 @@ def test_real_env_batches_pair_new_obs_with_the_next_obs() -> None:
         np.testing.assert_array_equal(batch["t"][rows][1:], batch["t"][rows][:-1] + 1)
     assert paired > 0
     assert batch["agent_id"].tolist() == [f"player_{i}" for i in batch["agent_index"]]
+
+
+@pytest.mark.parametrize("done", [False, True])
+@pytest.mark.parametrize("length", [1, 3, 5])
+def test_a_column_of_another_length_than_the_rounds_rows_is_named(done: bool, length: int) -> None:
+    """A custom policy's output or connector column with a row too few or too many (or one
+    that would broadcast) is refused by name, in rounds with and without ending rows (those
+    are gathered row by row, where a short column would otherwise repeat its last row)."""
+    store = PolicyTrajectories("p")
+    chunk = {
+        "keys": np.arange(4), "t": np.zeros(4, np.int64), "obs": np.zeros((4, 2), np.float32),
+        "terminateds": np.array([False, False, False, done]), "truncateds": np.zeros(4, bool),
+        "vf_preds": np.zeros(length, np.float32), "policy_version": np.int64(0),
+    }
+    with pytest.raises(ValueError, match=rf"policy 'p': column 'vf_preds' has {length} rows .*\(4\)"):
+        store.add(chunk, 4)
+    assert store.size == 0

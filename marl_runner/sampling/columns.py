@@ -74,10 +74,11 @@ class ColumnBuffer:
         # Rows kept at a hand-off, in arrays of their own until the next append.
         self._pending: dict[str, np.ndarray] | None = None
 
-    def append(self, columns: dict[str, Any], num_rows: int) -> None:
-        """Adds ``num_rows`` rows; a 0-d value is that value on each of them. A column
-        missing here (or new here) is zero for the rows that lack it (a round in which
-        every row was done has no action side)."""
+    def append(self, columns: dict[str, Any], num_rows: int, rows: np.ndarray | None = None) -> None:
+        """Adds ``num_rows`` rows; a 0-d value is that value on each of them. ``rows``:
+        only these rows of each column (indices, ``num_rows`` of them), gathered straight
+        into the buffer. A column missing here (or new here) is zero for the rows that
+        lack it (a round in which every row was done has no action side)."""
         if self._pending is not None:
             self._restore_pending(num_rows)
         start, stop = self.size, self.size + num_rows
@@ -92,7 +93,11 @@ class ColumnBuffer:
                 value = np.asarray(value)
                 array = arrays[name] = self._new_array(value.dtype, value.shape[1:])
                 array[:start] = 0
-            array[start:stop] = value
+            if rows is not None and np.ndim(value):
+                # (One copy: indexing first would copy the rows once more.)
+                value.take(rows, 0, array[start:stop], "clip")
+            else:
+                array[start:stop] = value
         if len(columns) < len(arrays):
             for name, array in arrays.items():
                 if name not in columns:

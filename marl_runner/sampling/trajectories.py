@@ -184,17 +184,20 @@ class PolicyTrajectories:
         """Stores one round's rows of this policy."""
         for name in self._not_stored:
             chunk.pop(name, None)
+        for name, column in chunk.items():
+            if np.ndim(column) and len(column) != num_rows:
+                raise ValueError(
+                    f"policy {self.policy_id!r}: column {name!r} has {len(column)} rows in this "
+                    f"round, expected one per row ({num_rows}); a custom policy's outputs or a "
+                    "connector's columns must have one row per input row"
+                )
         done = np.asarray(chunk["terminateds"]) | np.asarray(chunk["truncateds"])
         if not done.any():
             self.rows.append(chunk, num_rows)
             return
-        for buffer, rows in ((self.rows, ~done), (self.finals, done)):
-            count = int(np.count_nonzero(rows))
-            if count:
-                buffer.append(
-                    {name: column[rows] if np.ndim(column) else column for name, column in chunk.items()},
-                    count,
-                )
+        for buffer, rows in ((self.rows, np.flatnonzero(~done)), (self.finals, np.flatnonzero(done))):
+            if len(rows):
+                buffer.append(chunk, len(rows), rows)
 
     def extend(self, other: PolicyTrajectories) -> None:
         """Takes over another store's rows (a removed policy's, for its remapped agents)."""
