@@ -244,6 +244,12 @@ def concat_samples(batches: Iterable[SampleBatch | MultiAgentBatch]) -> Any:
     return SampleBatch({k: _concat_column([b[k] for b in non_empty]) for k in keys})
 
 
+def concat_multi_agent(batches: list[MultiAgentBatch]) -> MultiAgentBatch:
+    """``concat_samples`` of MultiAgentBatches, and an empty one (not a SampleBatch) when
+    there are none: what a flush with nothing left to hand out returns."""
+    return concat_samples(batches) if batches else MultiAgentBatch({}, env_steps=0)
+
+
 def _column_length(column: Any) -> int:
     if isinstance(column, dict):
         return _column_length(next(iter(column.values()))) if column else 0

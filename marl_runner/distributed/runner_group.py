@@ -9,7 +9,7 @@ from operator import methodcaller
 from time import perf_counter
 from typing import Any
 
-from marl_runner.batch import MultiAgentBatch, concat_samples
+from marl_runner.batch import concat_multi_agent, concat_samples
 from marl_runner.config import RunnerConfig
 from marl_runner.distributed.filter_states import (
     FilterStates,
@@ -236,7 +236,7 @@ class EnvRunnerGroup:
             self._note_sample(batch, metrics)
             batches.append(batch)
         batches.extend(self._pop_salvaged())
-        return concat_samples(batches) if batches else MultiAgentBatch({}, env_steps=0)
+        return concat_multi_agent(batches)
 
     # ------------------------------------------------------------------ weights and state
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from connectors.data import AgentRows
 from connectors.imports import import_object
-from marl_runner.batch import MultiAgentBatch, SampleBatch, concat_samples
+from marl_runner.batch import MultiAgentBatch, SampleBatch, concat_multi_agent, concat_samples
 from marl_runner.callbacks import Callbacks, overridden_hooks
 from marl_runner.config import RunnerConfig
 from marl_runner.envs import BaseEnv, make_vector_env
@@ -291,7 +291,7 @@ class EnvRunner:
         ]
         self._undelivered, self._unreturned_batches = [], []
         self._stop_requested = False
-        return concat_samples(batches) if batches else MultiAgentBatch({}, env_steps=0)
+        return concat_multi_agent(batches)
 
     def step(self) -> list:
         """One round of the loop; returns built batches and episode metrics.
