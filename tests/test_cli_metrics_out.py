@@ -371,6 +371,26 @@ def test_an_unusable_path_is_a_one_line_error_for_serve(tmp_path, capsys) -> Non
     assert f"--metrics-out {tmp_path}: is a directory" in err
 
 
+@pytest.mark.parametrize("command", ["sample", "serve"])
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        (["--format", "parquet"], "--format parquet needs --out DIR"),
+        (["--metrics-interval", "0"], "--metrics-interval 0.0 needs --metrics-out FILE"),
+    ],
+)
+def test_an_output_option_without_its_output_is_a_one_line_error(
+    capsys, command, given, message
+) -> None:
+    """Not silently ignored: a user who gave --format or --metrics-interval expects files."""
+    config = TICTACTOE if command == "sample" else DRONES
+    extra = ["--port", "0"] if command == "serve" else []
+    code = main([command, str(config), *extra, *given])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert err == f"marl-runner {command}: error: {message}: without it nothing is written"
+
+
 def play(client: PolicyClient, steps: int, seed: int) -> float:
     """One episode of `steps` steps with random rewards; returns its total reward."""
     rng = np.random.default_rng(seed)

@@ -333,7 +333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     standalone = _run_standalone(args, settings)
     if standalone is not None:
         return standalone
-    console = Console(stderr=args.json)
+    console = Console(stderr=args.json, log_path=False)
     if not console.is_terminal:
         console.width = 120  # logs and CI: do not squeeze the tables into 80 columns
     progress = (lambda msg: console.log(msg)) if not args.json else (lambda msg: None)

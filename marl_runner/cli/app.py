@@ -91,7 +91,8 @@ def config_arguments() -> argparse.ArgumentParser:
     common.add_argument(
         "--traceback",
         action="store_true",
-        help="on error, also print the full Python traceback (default: a one-line message)",
+        help="on error, also print the full Python traceback (default: a one-line message, "
+        "plus the env's own traceback when the error came from inside the env)",
     )
     return common
 

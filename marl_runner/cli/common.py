@@ -189,7 +189,7 @@ def add_out_format_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--format",
         choices=FORMATS,
-        default="npz",
+        default=None,  # "npz" (see prepare_outputs): None tells that it was not given
         help="--out file format: npz (one DIR/batch_NNNNNN.npz per batch), or parquet (episode "
         "tables DIR/<policy>/batch_NNNNNN.parquet, readable by pandas, polars, DuckDB; "
         "docs/DATA.md); default npz",
@@ -235,7 +235,7 @@ def add_metrics_out_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--metrics-interval",
         type=non_negative_float,
-        default=10.0,
+        default=None,  # 10 (see prepare_outputs): None tells that it was not given
         metavar="SECONDS",
         help="with --metrics-out: seconds between records, at most one per batch "
         "(default: 10; 0: a record after every batch)",
@@ -244,7 +244,17 @@ def add_metrics_out_arguments(parser: argparse.ArgumentParser) -> None:
 
 def prepare_outputs(args: argparse.Namespace, config: RunnerConfig) -> MetricsLogWriter | None:
     """What a sampling command writes to, readied before any env is built: ``--out``
-    checked and holding the config, the ``--metrics-out`` log opened (None without it)."""
+    checked and holding the config, the ``--metrics-out`` log opened (None without it).
+    An option that only shapes an output not asked for is an error, not ignored."""
+    for option, value, needs in (
+        ("--format", args.format, ("--out DIR", args.out)),
+        ("--metrics-interval", args.metrics_interval, ("--metrics-out FILE", args.metrics_out)),
+    ):
+        if value is not None and needs[1] is None:
+            raise CommandError(f"{option} {value} needs {needs[0]}: without it nothing is written")
+    args.format = args.format or "npz"
+    if args.metrics_interval is None:
+        args.metrics_interval = 10.0
     if args.out is not None:
         prepare_out_dir(args.out, config)
     if args.metrics_out is None:

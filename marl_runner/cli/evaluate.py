@@ -130,7 +130,8 @@ def add_evaluate_parser(commands: Any) -> None:
     evaluate.add_argument(
         "--traceback",
         action="store_true",
-        help="on error, also print the full Python traceback (default: a one-line message)",
+        help="on error, also print the full Python traceback (default: a one-line message, "
+        "plus the env's own traceback when the error came from inside the env)",
     )
 
 

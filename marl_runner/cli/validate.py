@@ -72,7 +72,7 @@ def add_validate_parser(commands: Any, common: argparse.ArgumentParser) -> None:
 
 
 def run_validate(args: argparse.Namespace) -> int:
-    """Builds everything ``sample`` builds except stepping, so both reject the same configs."""
+    """Builds everything ``sample`` builds except stepping: a config it accepts builds there too."""
     config = load_config(args.config, args.overrides)
     check_imports(config)
     check_memory(config)  # before anything is built, as sample does

@@ -35,7 +35,9 @@ checked when the config is loaded; a bad value is a `ConfigError` naming the
 dotted key (`policies.archer.model.hiden: unknown key ...`), and the CLI
 exits with code 2. `marl-runner validate` also builds everything `sample`
 builds (env, policies, connector chains, the mapping of every agent) without
-stepping, so both reject the same configs. `--set key=value` overrides any
+stepping, so a config `validate` accepts also builds in `sample`; only what the
+env itself makes of its `env.config` values shows when it first resets or steps
+(an env error from `sample`). `--set key=value` overrides any
 key, e.g. `--set policies.archer.model.hidden=[32,32]`.
 """
 
@@ -61,7 +63,7 @@ def render() -> str:
         parts.append(_table(((f"`{k}`", doc) for k, doc in keys.items()), ("key", "meaning")))
     parts.append(
         "Connector chains (`agent_connectors`, `action_connectors`) and every "
-        "built-in connector's parameters are described in CONNECTORS.md.\n"
+        "built-in connector's parameters are described in [CONNECTORS.md](CONNECTORS.md).\n"
     )
     return "\n".join(parts)
 
