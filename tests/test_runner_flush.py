@@ -128,6 +128,17 @@ def test_request_stop_ends_sample_at_the_round_with_every_finished_episode() -> 
         assert runner.sample().env_steps() == 2 * 100
 
 
+def test_a_stop_in_a_round_that_ends_no_episode_still_returns_a_multi_agent_batch() -> None:
+    """(Found by a probe.) complete_episodes, stop asked before a round in which no
+    episode ends: ``sample()`` hands out nothing, as an empty MultiAgentBatch, which the
+    CLI's stop path counts (a SampleBatch there ended the run with an AttributeError)."""
+    with EnvRunner(_config("kaz", batch_mode="complete_episodes")) as runner:
+        runner.request_stop()
+        batch = runner.sample()
+    assert isinstance(batch, MultiAgentBatch)
+    assert batch.env_steps() == batch.agent_steps() == 0
+
+
 def test_complete_episodes_mode_has_nothing_to_flush() -> None:
     """Fragments there are whole episodes, built when they end: a running one is never cut."""
     with EnvRunner(_config("kaz", batch_mode="complete_episodes")) as runner:

@@ -18,7 +18,7 @@ import numpy as np
 
 from connectors.data import AgentRows
 from connectors.imports import import_object
-from marl_runner.batch import MultiAgentBatch, SampleBatch, concat_multi_agent, concat_samples
+from marl_runner.batch import MultiAgentBatch, SampleBatch, concat_multi_agent
 from marl_runner.callbacks import Callbacks, overridden_hooks
 from marl_runner.config import RunnerConfig
 from marl_runner.envs import BaseEnv, make_vector_env
@@ -257,7 +257,7 @@ class EnvRunner:
         if self._stop_requested:  # (also when it came in the round that reached the target)
             batches.extend(self._fragments.build_ready(self._postprocess, flush=True))
             self._stop_requested = False
-        samples = concat_samples(batches)
+        samples = concat_multi_agent(batches)
         if "on_sample_end" in self._hooks:
             # Before the batches are let go: if the hook raises, the next call returns them.
             self.callbacks.on_sample_end(runner=self, samples=samples)
