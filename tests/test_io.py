@@ -243,15 +243,6 @@ def test_files_are_readable_by_everyone(tmp_path: Path) -> None:
     assert zipfile.is_zipfile(path)
 
 
-def test_unserialisable_info_names_the_column(tmp_path: Path) -> None:
-    infos = np.empty(1, dtype=object)
-    infos[0] = {"handle": object()}
-    batch = MultiAgentBatch({"p": SampleBatch(obs=np.zeros(1), infos=infos)}, env_steps=1)
-    with pytest.raises(TypeError, match="'p/infos' is not JSON-serialisable"):
-        write_batch(batch, tmp_path, 1)
-    assert list(tmp_path.iterdir()) == []
-
-
 def test_dict_obs_rows_come_back_as_dicts_of_arrays(tmp_path: Path) -> None:
     """Regression: an object column of Dict obs rows came back as JSON lists (int8 lost)."""
     obs = np.empty(2, dtype=object)

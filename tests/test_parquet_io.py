@@ -220,15 +220,6 @@ def test_failed_write_leaves_no_file(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
 
 
-def test_unserialisable_info_fails_before_any_file(tmp_path: Path) -> None:
-    infos = np.empty(1, dtype=object)
-    infos[0] = {"handle": object()}
-    batch = MultiAgentBatch({"p": SampleBatch(obs=np.zeros(1), infos=infos)}, env_steps=1)
-    with pytest.raises(TypeError, match="'p/infos' is not JSON-serialisable"):
-        write_batch(batch, tmp_path, 1, "parquet")
-    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
-
-
 def test_existing_batch_is_not_overwritten(tmp_path: Path) -> None:
     write_batch(make_batch(), tmp_path, 1, "parquet")
     with pytest.raises(FileExistsError, match="batch_000001.json"):

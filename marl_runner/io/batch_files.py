@@ -44,7 +44,7 @@ import math
 import os
 import re
 import zipfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -59,7 +59,7 @@ from marl_runner.io.batch_checks import (
     load_json,
     shortened,
 )
-from marl_runner.io.json_rows import rows_to_json
+from marl_runner.io.json_rows import row_namer, rows_to_json
 from marl_runner.io.row_dicts import stack_row_dicts, unstack_row_dicts
 from marl_runner.safe_files import FileRefused, open_regular_file
 
@@ -423,8 +423,9 @@ def _encode(batch: MultiAgentBatch) -> tuple[dict[str, np.ndarray], dict[str, An
             raise TypeError(
                 f"write_batch: policy ids must be strings without '/', got {policy_id!r}"
             )
+        row_name = row_namer(sample_batch)
         columns = [
-            _encode_column(arrays, f"{policy_id}/{_part(name)}", name, column)
+            _encode_column(arrays, f"{policy_id}/{_part(name)}", name, column, row_name)
             for name, column in sample_batch.items()
         ]
         policies.append({"id": policy_id, "columns": columns})
@@ -439,7 +440,11 @@ def _encode(batch: MultiAgentBatch) -> tuple[dict[str, np.ndarray], dict[str, An
 
 
 def _encode_column(
-    arrays: dict[str, np.ndarray], entry: str, name: str, column: Any
+    arrays: dict[str, np.ndarray],
+    entry: str,
+    name: str,
+    column: Any,
+    row_name: Callable[[int], str],
 ) -> dict[str, Any]:
     if isinstance(column, (dict, tuple)):
         return {
@@ -455,7 +460,7 @@ def _encode_column(
         structure = _store_leaves(arrays, entry, stacked)
         return {"name": name, "encoding": "row_dicts", "structure": structure}
     if column.dtype == object:
-        arrays[entry] = np.array(rows_to_json(column, entry), dtype=np.str_)
+        arrays[entry] = np.array(rows_to_json(column, entry, row_name), dtype=np.str_)
         return {"name": name, "encoding": "json"}
     arrays[entry] = column
     return {"name": name, "encoding": "array"}

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -30,7 +30,7 @@ from marl_runner.io.batch_checks import (
     load_json,
     shortened,
 )
-from marl_runner.io.json_rows import rows_to_json
+from marl_runner.io.json_rows import row_namer, rows_to_json
 from marl_runner.io.row_dicts import stack_row_dicts, unstack_row_dicts
 
 #: SampleBatch column -> episode-table column, where the two names differ.
@@ -66,6 +66,7 @@ def batch_to_table(batch: SampleBatch, policy_id: str) -> pa.Table:
     columns: dict[str, pa.Array] = {}
     source = {"policy_id": "the policy id"}
     records = []
+    row_name = row_namer(batch)
     for name, column in batch.items():
         table_name = COLUMN_RENAMES.get(name, name)
         if table_name in source:
@@ -74,7 +75,7 @@ def batch_to_table(batch: SampleBatch, policy_id: str) -> pa.Table:
                 f"{table_name!r}, which {source[table_name]} already uses; rename one of them"
             )
         source[table_name] = f"column {name!r}"
-        array, record = _encode_column(name, column, f"{policy_id}/{name}", rows)
+        array, record = _encode_column(name, column, f"{policy_id}/{name}", rows, row_name)
         columns[table_name] = array
         records.append({"name": name, "column": table_name, **record})
     columns["policy_id"] = pa.array([policy_id] * rows, pa.string())
@@ -265,7 +266,7 @@ class _Decoder:
 
 
 def _encode_column(
-    name: str, column: Any, where: str, rows: int
+    name: str, column: Any, where: str, rows: int, row_name: Callable[[int], str]
 ) -> tuple[pa.Array, dict[str, Any]]:
     if isinstance(column, (dict, tuple)):
         array, structure = _encode_nested(column, where)
@@ -280,7 +281,7 @@ def _encode_column(
         if stacked is not None:
             array, structure = _encode_nested(stacked, where)
             return array, {"encoding": "row_dicts", "structure": structure}
-        texts = rows_to_json(column, where)
+        texts = rows_to_json(column, where, row_name)
         return pa.array(texts, pa.string()), {"encoding": "json"}
     return _encode_array(column, where), {"encoding": "array", **_leaf_record(column)}
 
