@@ -199,14 +199,17 @@ def test_ctrl_c_or_sigterm_writes_every_finished_episode(tmp_path, capsys, callb
 
 @pytest.mark.parametrize(
     ("callbacks", "exit_code", "env_steps"),
-    [("CtrlCTwiceMidSample", 130, 400), ("InterruptOnThirdSample", 130, 400), ("FailOnThirdSample", 1, 600)],
+    [("CtrlCTwiceMidSample", 130, 450), ("InterruptOnThirdSample", 130, 600), ("FailOnThirdSample", 1, 600)],
 )
 def test_a_hard_interrupt_or_an_error_leaves_a_complete_log(
     tmp_path, capsys, callbacks, exit_code, env_steps
 ) -> None:
-    """The third sample never returns: a second Ctrl-C stops at once (the first two batches
-    are written), an error out of the sample is reported after what it had built is
-    written (three); the log and the batch files agree, the summary says how it ended."""
+    """The third sample never returns. A second Ctrl-C stops at once, and what the runner
+    holds is still written: the first two batches, and of the third sample the 25 rounds
+    of both sub-envs' episodes that ended before the interrupted round (the two that
+    ended in that round are dropped with it). A Ctrl-C or an error out of the sample's end
+    is reported after what it had built is written (three whole batches). The log and the
+    batch files agree, the summary says how it ended."""
     log, out = tmp_path / "metrics.jsonl", tmp_path / "out"
     code = main(
         [
@@ -235,9 +238,16 @@ def test_a_hard_interrupt_or_an_error_leaves_a_complete_log(
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the command's handler is gone
     assert log.read_text().endswith("}\n")
     records = read_metrics_log(log)
-    assert len(records) == env_steps // 200
-    check_records_add_up(records, *batch_steps(out))
-    assert records[-1]["env_steps"] == env_steps
+    assert len(records) == 3
+    on_disk_env_steps, on_disk_agent_steps = batch_steps(out)
+    assert on_disk_env_steps == env_steps
+    if callbacks == "CtrlCTwiceMidSample":
+        # The log counts what was sampled: the two dropped episodes' 25 rounds too.
+        sampled = records[-1]["agent_steps"]
+        assert sampled > on_disk_agent_steps
+        check_records_add_up(records, on_disk_env_steps + 2 * 25, sampled)
+    else:
+        check_records_add_up(records, on_disk_env_steps, on_disk_agent_steps)
 
 
 class CrashesAtStep55(CheapEnv):

@@ -225,6 +225,12 @@ def _sample_until(
                 raise
             _write_rest(group, counts, progress, writer)
         except KeyboardInterrupt as exc:
+            # The second Ctrl-C or SIGTERM (an env that hangs): the episodes finished before
+            # it are still written (flush() steps no env); a third one gives that up too.
+            try:
+                _write_rest(group, counts, progress, writer)
+            except BaseException as failed:
+                logger.warning("the rows sampled before the stop were not written: %r", failed)
             return exit_code_of(exc)
         finally:
             batches.close()
