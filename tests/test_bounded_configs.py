@@ -134,3 +134,90 @@ def test_a_config_path_that_is_no_regular_file_is_refused_at_once(tmp_path):
     big.write_bytes(b"#" * (MAX_CONFIG_BYTES + 1))
     with pytest.raises(ConfigError, match="more than the 4,194,304 accepted"):
         RunnerConfig.from_yaml(big)
+
+
+HUGE = "9" * 5000  # past Python's 4,300 digits for int(str)
+
+
+def test_an_integer_too_long_for_python_is_a_config_error(tmp_path, capsys):
+    """A 5,000-digit int in the file or in --set was a ValueError traceback (exit 1)."""
+    path = tmp_path / "huge.yaml"
+    path.write_text(HEAD + f"num_envs: {HUGE}\n")
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "line 4" in err and "5,000 characters" in err and len(err) < 400
+    config = RunnerConfig.from_dict({"env": "x:y", "policies": {"p": {}}})
+    with pytest.raises(ConfigError, match="num_envs: .*5,000 characters"):
+        config.with_overrides([f"num_envs={HUGE}"])
+
+
+def test_a_batch_too_big_for_a_float_is_refused_by_name(tmp_path, capsys):
+    """num_envs of 400 digits: the refusal's own message raised OverflowError."""
+    path = tmp_path / "wide.yaml"
+    path.write_text(HEAD + f"num_envs: {'9' * 400}\nrollout_fragment_length: {'9' * 4000}\n")
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "num_envs ~10^400 x rollout_fragment_length ~10^4000" in err and len(err) < 400
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "bound"),
+    [
+        ("sub_env_step_timeout_s", 1e11, "at most 1,000,000 s; null waits forever"),
+        ("sub_env_step_timeout_s", float("inf"), "at most 1,000,000 s"),
+        ("external_episode_timeout_s", 10**12, "at most 1,000,000 s"),
+        ("remote_env_batch_wait_ms", 1e10, "at most 1,000,000,000 ms"),
+        ("torch_threads", int("9" * 4000), "an integer >= 1 and <= 1,024"),
+    ],
+)
+def test_numbers_that_reach_the_os_or_torch_are_bounded(key, value, bound):
+    """1e11 s passed validate and then ended sample with 'timestamp too large'; 4,000-digit
+    torch_threads failed to build naming no key."""
+    data = {"env": "x:y", "policies": {"p": {}}, "vectorize": "subprocess", key: value}
+    with pytest.raises(ConfigError, match=f"^{key}: got .*expected {bound}"):
+        RunnerConfig.from_dict(data)
+    within = 1_000_000 * (1000 if key.endswith("_ms") else 1) if key != "torch_threads" else 1024
+    assert getattr(RunnerConfig.from_dict(data | {key: within}), key) == within
+
+
+@pytest.mark.parametrize(
+    ("model", "key", "words"),
+    [
+        ({"hidden": [12000, 12000]}, "hidden", "at least 288,096,002 weights"),
+        ({"hidden": [10**8, 10**8]}, "hidden", "at most 65,536"),
+        ({"type": "lstm", "lstm_cell_size": 4000}, "lstm_cell_size", "at least 65,064,130"),
+        ({"type": "cnn", "conv": [[2, 100_000, 1]]}, "conv", "at most 65,536"),
+        ({"type": "cnn", "conv": [[60_000, 1, 1]], "hidden": [900]}, "conv", "108,243,602"),
+    ],
+)
+def test_a_model_too_big_is_refused_when_the_config_loads(model, key, words):
+    """hidden [12000, 12000] made validate build 3 GB of weights for 2 minutes, then say OK;
+    [1e8, 1e8] was a torch allocator error naming no key."""
+    data = {"env": "x:y", "policies": {"p": {"model": model}}}
+    with pytest.raises(ConfigError, match=f"^policies.p.model.{key}: .*{words}"):
+        RunnerConfig.from_dict(data)
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        {"type": "mlp"},
+        {"type": "mlp", "hidden": [30, 20, 5], "vf_share_layers": True},
+        {"type": "lstm", "hidden": [7, 3], "lstm_cell_size": 9},
+        {"type": "cnn"},
+        {"type": "cnn", "conv": [[4, 3, 2], [5, 2, 1]], "hidden": [6]},
+    ],
+)
+def test_the_weights_counted_are_those_the_model_builds(model):
+    """The count the size check uses equals the built model's, for one obs value, one output
+    and the least image: built on torch's meta device, which allocates nothing."""
+    torch = pytest.importorskip("torch")
+    from marl_runner.config.policy_checks import model_weights_floor
+    from marl_runner.policy.models import NATURE_CONV, build_model
+
+    side = 1
+    for _, kernel, stride in reversed(model.get("conv", NATURE_CONV)):
+        side = (side - 1) * stride + kernel
+    with torch.device("meta"):
+        built = build_model(model, 1, 1, obs_shape=(side, side, 1))
+    assert model_weights_floor(model) == sum(p.numel() for p in built.parameters())

@@ -25,6 +25,7 @@ from marl_runner.config.schema import (
     ENV_APIS,
     ENV_KEYS,
     FAKE_OBS_MODES,
+    MAX_TORCH_THREADS,
     REQUIRED_HINTS,
     STEP_COUNTS,
     EnvSpec,
@@ -54,6 +55,8 @@ _INTS = {
     "max_runner_restarts": 0,
 }
 _OPTIONAL_INTS = {"seed": None, "torch_threads": 1, "max_episode_steps": 1}
+#: Upper bounds of int fields whose value reaches a C call (torch takes a C int).
+_MAXIMA = {"torch_threads": MAX_TORCH_THREADS}
 _BOOLS = (
     "restart_failed_sub_environments",
     "explore",
@@ -78,7 +81,10 @@ def check_fields(config: Any) -> None:
         setattr(config, name, check_int(getattr(config, name), name, minimum=minimum))
     for name, minimum in _OPTIONAL_INTS.items():
         if getattr(config, name) is not None:
-            setattr(config, name, check_int(getattr(config, name), name, minimum=minimum))
+            value = check_int(
+                getattr(config, name), name, minimum=minimum, maximum=_MAXIMA.get(name)
+            )
+            setattr(config, name, value)
     for name in _BOOLS:
         setattr(config, name, check_bool(getattr(config, name), name))
     config.vectorize = check_choice(config.vectorize, "vectorize", vector_backend_names())

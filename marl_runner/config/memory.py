@@ -28,6 +28,7 @@ __all__ = [
     "check_batch_memory",
     "estimate_batch_memory",
     "format_bytes",
+    "format_count",
     "space_bytes",
 ]
 
@@ -53,7 +54,8 @@ class BatchMemory:
     def describe(self) -> str:
         """``policy 'a': 12,800 rows x 140 B`` ..., for messages and ``validate``."""
         return ", ".join(
-            f"policy {pid!r}: {self.rows[pid]:,} rows x {self.row_bytes[pid]:,} B"
+            f"policy {pid!r}: {format_count(self.rows[pid])} rows x "
+            f"{format_count(self.row_bytes[pid])} B"
             for pid in self.rows
         )
 
@@ -113,17 +115,29 @@ def check_batch_memory(estimate: BatchMemory, limit_bytes: int) -> None:
     raise ConfigError(
         None,
         f"one batch needs about {format_bytes(estimate.total_bytes)} (num_envs "
-        f"{estimate.num_envs:,} x rollout_fragment_length {estimate.fragment_length:,}; "
+        f"{format_count(estimate.num_envs)} x rollout_fragment_length "
+        f"{format_count(estimate.fragment_length)}; "
         f"{estimate.describe()}), more than the {format_bytes(limit_bytes)} this process may "
         "use; lower num_envs or rollout_fragment_length",
     )
 
 
 def format_bytes(count: int) -> str:
-    """``1.2 GiB``: a byte count for messages."""
+    """``1.2 GiB``: a byte count for messages (a config's ints have no bound, floats have)."""
+    if count >= _HUGE:
+        return f"{format_count(count)} B"
     value, unit = float(count), "B"
     for bigger in ("KiB", "MiB", "GiB", "TiB", "PiB"):
         if value < 1024:
             break
         value, unit = value / 1024, bigger
     return f"{value:,.0f} B" if unit == "B" else f"{value:,.1f} {unit}"
+
+
+def format_count(count: int) -> str:
+    """``12,800``; a count past 10**18 (thousands of digits at worst) as its power of ten."""
+    return f"{count:,}" if count < 10**18 else f"~10^{int(count.bit_length() * 0.30103)}"
+
+
+#: Byte counts at least this large are past PiB and float's range may not hold them.
+_HUGE = 1024**6

@@ -22,10 +22,13 @@ from marl_runner.config.errors import (
     kind_of,
     quoted,
     reject_unknown_keys,
+    shortened,
 )
 from marl_runner.config.schema import (
     ACTIVATIONS,
     BUILTIN_POLICY_CLASSES,
+    MAX_LAYER_WIDTH,
+    MAX_MODEL_PARAMETERS,
     POLICY_KEYS,
     REQUIRED_HINTS,
     PolicySpec,
@@ -40,9 +43,18 @@ from marl_runner.config.values import (
     check_str_keyed,
 )
 
-__all__ = ["check_chain", "check_policies", "check_policy_id", "connector_key", "connector_name"]
+__all__ = [
+    "check_chain",
+    "check_policies",
+    "check_policy_id",
+    "connector_key",
+    "connector_name",
+    "model_weights_floor",
+]
 
 _POLICY_ID = re.compile(r"[A-Za-z0-9_.-]+")
+#: The built-in models' defaults (``marl_runner.policy.models``), for ``model_weights_floor``.
+_DEFAULT_HIDDEN = {"mlp": (64, 64), "lstm": (64,), "cnn": (512,)}
 
 
 def check_policies(policies: Any) -> dict[str, PolicySpec]:
@@ -141,7 +153,65 @@ def _check_model(model: Any, key: str) -> dict[str, Any]:
         check_int(model["lstm_cell_size"], f"{key}.lstm_cell_size", minimum=1)
     if "conv" in model:
         _check_conv(model["conv"], f"{key}.conv")
+    _check_model_size(model, key)
     return model
+
+
+def _check_model_size(model: dict[str, Any], key: str) -> None:
+    """Refuses a built-in model too big to build: each layer at most ``MAX_LAYER_WIDTH`` wide,
+    and at most ``MAX_MODEL_PARAMETERS`` weights before the env's sizes are added (the
+    model would be built, and its memory taken, before anything else could refuse it)."""
+    for name in ("hidden", "lstm_cell_size", "conv"):
+        sizes = model.get(name)
+        if sizes is None:
+            continue
+        widths = [sizes] if name == "lstm_cell_size" else sizes
+        if name == "conv":
+            widths = [size for layer in sizes for size in layer]
+        if max(widths, default=0) > MAX_LAYER_WIDTH:
+            raise ConfigError(
+                f"{key}.{name}",
+                f"got {shortened(sizes)}, expected sizes of at most {MAX_LAYER_WIDTH:,}",
+            )
+    count = model_weights_floor(model)
+    if count > MAX_MODEL_PARAMETERS:
+        given = [n for n in ("hidden", "lstm_cell_size", "conv") if n in model] or ["type"]
+        culprit = min(  # the key whose default would leave the fewest weights
+            given, key=lambda n: model_weights_floor({k: v for k, v in model.items() if k != n})
+        )
+        raise ConfigError(
+            f"{key}.{culprit}",
+            f"these sizes give the {model['type']} model at least {count:,} weights before the "
+            f"env's sizes are added, more than the {MAX_MODEL_PARAMETERS:,} a config may ask "
+            "for; use smaller layers",
+        )
+
+
+def model_weights_floor(model: Mapping[str, Any]) -> int:
+    """The weights of a built-in model with one obs value, one output and (cnn) the least
+    image its convolutions take: what its config alone asks for, counted without building it.
+
+    ``marl_runner.policy.models`` builds these layers; a test builds them on torch's meta
+    device and compares the counts.
+    """
+    from marl_runner.policy.models import NATURE_CONV  # imported already by model_keys()
+
+    model_type = model["type"]
+    hidden = [int(h) for h in model.get("hidden", _DEFAULT_HIDDEN[model_type])]
+    inputs, trunk = 1, 0
+    if model_type == "cnn":
+        for layer in model.get("conv", NATURE_CONV):
+            out_channels, kernel = int(layer[0]), int(layer[1])
+            trunk += out_channels * inputs * kernel * kernel + out_channels
+            inputs = out_channels  # the least image leaves 1x1 after the last layer
+    for width in hidden:
+        trunk += inputs * width + width
+        inputs = width
+    if model_type == "lstm":
+        cell = int(model.get("lstm_cell_size", 64))
+        return trunk + 4 * (inputs * cell + cell * cell + 2 * cell) + 2 * (cell + 1)
+    trunks = 1 if model.get("vf_share_layers", False) else 2
+    return trunks * trunk + 2 * (inputs + 1)
 
 
 def _check_conv(conv: Any, key: str) -> None:

@@ -19,7 +19,7 @@ import yaml
 
 from marl_runner.config.runner_config import RunnerConfig
 from marl_runner.config.schema import ENV_KEYS, POLICY_KEYS, model_keys
-from marl_runner.config.vector_checks import vector_keys_for
+from marl_runner.config.vector_checks import time_bound, vector_keys_for
 from marl_runner.envs.vector_backends import vector_backend, vector_backend_names
 
 __all__ = ["render"]
@@ -72,7 +72,9 @@ def _runner_rows() -> Iterable[tuple[str, str, str]]:
     for field in dataclasses.fields(RunnerConfig):
         if field.name == "vector_options":  # the backends' keys, right after `vectorize`
             for key in vector_keys_for(RunnerConfig).values():
-                yield f"`{key.name}`", f"`{_yaml(key.default)}`", key.doc
+                bound = time_bound(key.name)
+                doc = key.doc if bound is None else f"{key.doc} {bound[0].upper()}{bound[1:]}."
+                yield f"`{key.name}`", f"`{_yaml(key.default)}`", doc
             continue
         if field.default is not dataclasses.MISSING:
             default = f"`{_yaml(field.default)}`"

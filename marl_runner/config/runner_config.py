@@ -23,6 +23,7 @@ from marl_runner.config.policy_checks import check_chain, connector_name
 from marl_runner.config.schema import (
     BUILTIN_POLICY_CLASSES,
     EXCLUDABLE_COLUMNS,
+    MAX_TORCH_THREADS,
     REQUIRED_HINTS,
     EnvSpec,
     PolicySpec,
@@ -154,7 +155,7 @@ class RunnerConfig:
         1,
         "Torch intra-op threads and numpy's BLAS threads for inference (CPU inference runs "
         "in either): small per-round batches run fastest on one thread; null leaves both "
-        "settings alone.",
+        f"settings alone. At most {MAX_TORCH_THREADS}.",
     )
     max_consecutive_reset_failures: int = _key(
         5, "A sub-env whose resets fail this many times in a row raises, naming the last error."

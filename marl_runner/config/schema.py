@@ -21,6 +21,9 @@ __all__ = [
     "ENV_KEYS",
     "EXCLUDABLE_COLUMNS",
     "FAKE_OBS_MODES",
+    "MAX_LAYER_WIDTH",
+    "MAX_MODEL_PARAMETERS",
+    "MAX_TORCH_THREADS",
     "POLICY_KEYS",
     "REQUIRED_HINTS",
     "STEP_COUNTS",
@@ -41,6 +44,16 @@ EXCLUDABLE_COLUMNS = (
 )  # fmt: skip
 DEVICES = ("cpu", "cuda", "auto")
 ACTIVATIONS = ("tanh", "relu")
+#: The most inference threads a config may ask for (torch takes a C int; no machine has more
+#: cores).
+MAX_TORCH_THREADS = 1024
+#: The most parameters a built-in model may have before the env's sizes are added (the
+#: weights its config alone asks for, e.g. ``hidden`` times ``hidden``): 50M float32 is
+#: 200 MB, two orders above the usual multi-agent model.
+MAX_MODEL_PARAMETERS = 50_000_000
+#: The widest layer (hidden size, LSTM cell, conv channels, kernel, stride) a built-in model
+#: may have: with the env's obs size, one layer's weights are this times that.
+MAX_LAYER_WIDTH = 65_536
 #: Policy classes named without an import path (see marl_runner.policy.build_policy).
 BUILTIN_POLICY_CLASSES = ("TorchPolicy", "RandomPolicy")
 
@@ -63,7 +76,9 @@ ENV_KEYS = {
 POLICY_KEYS = {
     "model": "The torch model: {type: mlp|lstm|cnn, ...} (keys below) or {class: "
     "'pkg.mod:Cls', ...} whose other keys go to Cls(obs_dim, num_outputs, **kwargs). "
-    "Default: {type: mlp}.",
+    f"Default: {{type: mlp}}. A built-in model's sizes (hidden, lstm_cell_size, conv) are at "
+    f"most {MAX_LAYER_WIDTH:,}, and its weights counted with one obs value and one output "
+    f"(the part its config alone sets) at most {MAX_MODEL_PARAMETERS:,}.",
     "policy_class": "TorchPolicy, RandomPolicy or 'pkg.mod:Cls' naming a Policy subclass. "
     "Default: TorchPolicy.",
     "agent_connectors": "The agent connector chain: a list of names or {name: ..., <param>: "

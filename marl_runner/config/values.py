@@ -34,10 +34,16 @@ __all__ = [
 _CUDA_DEVICE = re.compile(r"cuda:\d+")
 
 
-def check_int(value: Any, key: str, *, minimum: int | None) -> int:
-    """An integer (not a bool), at least ``minimum`` when given."""
-    if not is_int(value) or (minimum is not None and value < minimum):
+def check_int(value: Any, key: str, *, minimum: int | None, maximum: int | None = None) -> int:
+    """An integer (not a bool), at least ``minimum`` and at most ``maximum`` when given."""
+    if (
+        not is_int(value)
+        or (minimum is not None and value < minimum)
+        or (maximum is not None and value > maximum)
+    ):
         bound = f" >= {minimum}" if minimum is not None else ""
+        if maximum is not None:
+            bound += f"{' and' if bound else ''} <= {maximum:,}"
         raise ConfigError(key, f"got {shortened(value)}, expected an integer{bound}")
     return int(value)
 

@@ -19,7 +19,31 @@ from marl_runner.envs.vector_backends import (
     vector_keys,
 )
 
-__all__ = ["check_vector_options", "vector_keys_for"]
+__all__ = ["MAX_WAIT_S", "check_vector_options", "time_bound", "vector_keys_for"]
+
+#: The longest wait a backend's time key may give (about 11.6 days): the backends turn
+#: waits into deadlines of the OS's clocks, which end near 9e9 s; null waits forever.
+MAX_WAIT_S = 1_000_000
+#: Suffixes of the backends' time keys and their units per second.
+_TIME_UNITS = {"_ms": ("ms", 1000), "_s": ("s", 1)}
+
+
+def time_bound(name: str) -> str | None:
+    """``"at most 1,000,000 s"`` for a time key (named ``*_s`` or ``*_ms``), else None."""
+    for suffix, (unit, per_second) in _TIME_UNITS.items():
+        if name.endswith(suffix):
+            return f"at most {MAX_WAIT_S * per_second:,} {unit}"
+    return None
+
+
+def _check_time(name: str, value: Any) -> None:
+    bound = time_bound(name)
+    if bound is None or not isinstance(value, (int, float)) or isinstance(value, bool):
+        return
+    per_second = _TIME_UNITS["_ms"][1] if name.endswith("_ms") else 1
+    if value > MAX_WAIT_S * per_second:
+        forever = "; null waits forever" if name.endswith("timeout_s") else ""
+        raise ConfigError(name, f"got {shortened(value)}, expected {bound}{forever}")
 
 
 def vector_keys_for(config_class: type) -> dict[str, VectorKey]:
@@ -51,6 +75,7 @@ def check_vector_options(config: Any) -> None:
             options[name] = key.check(value)
         except ValueError as exc:
             raise ConfigError(name, f"got {shortened(value)}, expected {exc}") from None
+        _check_time(name, options[name])
     config.vector_options = options
     backend = vector_backend(config.vectorize)
     if backend.check is not None:

@@ -16,6 +16,7 @@ themselves are refused. Each is a one-line YAML error with its line.
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -207,6 +208,24 @@ def _construct_mapping_without_duplicates(
 StrictLoader.add_constructor(
     yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping_without_duplicates
 )
+
+
+def _construct_int(loader: StrictLoader, node: yaml.ScalarNode) -> int:
+    """PyYAML's int, with Python's limit on digits (4300) a YAML error at the value's line
+    instead of a bare ``ValueError``; no config key needs a number that long."""
+    try:
+        return loader.construct_yaml_int(node)
+    except ValueError:
+        raise yaml.constructor.ConstructorError(
+            None,
+            None,
+            f"an integer of {len(node.value):,} characters, more than Python reads "
+            f"({sys.get_int_max_str_digits()} digits)",
+            node.start_mark,
+        ) from None
+
+
+StrictLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
 
 
 def describe_yaml_error(exc: yaml.YAMLError) -> str:
