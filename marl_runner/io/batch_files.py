@@ -80,6 +80,9 @@ _NPY_HEADER_READERS = {
     (1, 0): np.lib.format.read_array_header_1_0,
     (2, 0): np.lib.format.read_array_header_2_0,
 }
+#: What zipfile raises for a damaged archive or member: bad CRC or local header, and
+#: RuntimeError (NotImplementedError included) for an unknown zip version or an encryption.
+_ZIP_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, RuntimeError, EOFError, OSError)
 
 
 def batch_path(out_dir: str | Path, index: int) -> Path:
@@ -194,7 +197,7 @@ class _NpzReader:
         self.file_bytes = os.fstat(file.fileno()).st_size
         try:
             self.archive = zipfile.ZipFile(file)
-        except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+        except (*_ZIP_ERRORS, ValueError) as exc:
             raise BatchFileError(path, f"it is not a zip of .npy arrays ({exc})") from None
         self.members = self._members()
         self.named_by: dict[str, str] = {}  # entry -> the field that named it
@@ -363,6 +366,12 @@ class _NpzReader:
                 "expected each entry to be named once"
             )
         self.named_by[entry] = where
+        try:
+            return self._read_member(info, entry)
+        except _ZIP_ERRORS as exc:  # a damaged member: bad CRC, local header, zip version ...
+            raise self.error(f"entry {entry!r} is damaged: {type(exc).__name__}: {exc}") from None
+
+    def _read_member(self, info: zipfile.ZipInfo, entry: str) -> np.ndarray:
         with self.archive.open(info) as member:
             try:
                 version = np.lib.format.read_magic(member)
