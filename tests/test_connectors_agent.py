@@ -60,6 +60,19 @@ def test_preprocessor_rejects_wrong_shape():
         conn(make_rows([np.zeros(6, np.float32)]))
 
 
+@pytest.mark.parametrize("sizes", [(1025, 1023), (1024, 1023)])
+def test_preprocessor_large_obs_of_another_size_are_refused_not_shifted(sizes):
+    """(Found by a probe.) Large Box obs (the concatenate path): one row a value too long
+    and the next a value short add up to the right total, but must not come out with the
+    second row's values shifted by one."""
+    space = gym.spaces.Box(-1.0, 1.0, (1024,), np.float32)
+    conn, _ = bound(ObsPreprocessorConnector(ctx_for(space)))
+    good = conn(make_rows([np.ones(1024, np.float32), np.zeros(1024, np.float32)]))
+    assert good["obs"].shape == (2, 1024) and good["obs"][1].sum() == 0
+    with pytest.raises(ConnectorError, match=r"do not stack to shape \(1024,\)"):
+        conn(make_rows([np.ones(size, np.float32) for size in sizes]))
+
+
 def test_preprocessor_discrete_and_multidiscrete_one_hot():
     conn, out_space = bound(ObsPreprocessorConnector(ctx_for(gym.spaces.Discrete(3, start=1))))
     assert out_space.shape == (3,)
