@@ -14,7 +14,7 @@ from marl_runner.sampling.rewards import RewardLedger
 from marl_runner.sampling.trajectories import KeyTable, PolicyTrajectories
 from tests.runner_helpers import config
 
-AGENT_IDS = ["player_0", 7, "a_much_longer_agent_name", "b"]
+AGENT_IDS = ["player_0", 7, "a_much_longer_agent_name", ("red", 3)]  # any hashable id
 
 
 def _episode(env_id: int) -> SimpleNamespace:

@@ -290,8 +290,10 @@ class PolicyTrajectories:
         if "agent_id" not in self.exclude:
             segment_of_key = np.empty(keys.capacity, np.intp)
             segment_of_key[first_keys] = np.arange(len(first_keys))
-            # str() once per trajectory, spread over its rows.
-            batch["agent_id"] = keys.agent_id[first_keys].astype(str)[segment_of_key[batch_keys]]
+            # str() once per trajectory, spread over its rows (any hashable id: a tuple
+            # one too, which astype(str) would take for a sequence).
+            names = np.array([str(agent_id) for agent_id in keys.agent_id[first_keys]], str)
+            batch["agent_id"] = names[segment_of_key[batch_keys]]
         if "unroll_id" not in self.exclude:
             batch["unroll_id"] = np.full(num_rows, unroll_id, np.int64)
         # A trajectory's first row here continues an earlier fragment's transitions, or not.
