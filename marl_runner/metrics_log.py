@@ -12,9 +12,11 @@ so sampling never needs it.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import os
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -23,8 +25,11 @@ from typing import IO, Any
 import numpy as np
 
 from marl_runner.metrics_merge import DictMeans, merge_metrics
+from marl_runner.safe_files import read_regular_file
 
 __all__ = [
+    "MAX_LOG_BYTES",
+    "MAX_RECORD_DEPTH",
     "MetricsLogWriter",
     "RunMetrics",
     "plot_learning_curve",
@@ -38,6 +43,15 @@ _STATE_KEYS = ("num_healthy_runners", "num_runner_restarts")
 #: Lists of messages about the interval: a whole-run summary keeps the last few of all.
 _MESSAGE_KEYS = ("faults", "runner_faults")
 MAX_SUMMARY_MESSAGES = 10
+#: The largest metrics log or progress.csv read back: about 75,000 records of a two-policy
+#: run (one a minute is seven weeks). ``plot`` holds the records and their flattened rows,
+#: about 9x the file's bytes (600 MB at this size), so a crafted or endless file (a symlink
+#: to /dev/zero) is refused before it is read.
+MAX_LOG_BYTES = 64 << 20
+#: Levels of nesting a record may have: a runner's are 3 deep (perf/policy/key).
+MAX_RECORD_DEPTH = 32
+#: The key ``csv.DictReader`` gives the cells past the header's.
+_EXTRA_CELLS = "\0extra"
 
 
 class MetricsLogWriter:
@@ -218,28 +232,94 @@ def _jsonable(value: Any) -> Any:
 
 
 def read_metrics_log(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """The records of a JSON-lines metrics log; a torn last line (crash mid-write) is skipped."""
+    """The records of a JSON-lines metrics log; a torn last line (crash mid-write) is skipped.
+
+    Raises:
+        OSError: the file cannot be opened.
+        ValueError: not a regular file (``FileRefused``), larger than ``MAX_LOG_BYTES``, or a
+            line that is no JSON object nested at most ``MAX_RECORD_DEPTH`` deep (named by
+            its number).
+    """
     records = []
-    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    lines = read_regular_file(path, max_bytes=MAX_LOG_BYTES).decode("utf-8").splitlines()
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
         except json.JSONDecodeError as err:
             if number == len(lines):
                 break
             raise ValueError(f"{path}:{number}: not a JSON record: {err}") from None
+        except (ValueError, RecursionError) as err:  # an int past 4,300 digits; deep nesting
+            raise ValueError(f"{path}:{number}: not a record to draw: {_reason(err)}") from None
+        if not isinstance(record, dict):
+            raise ValueError(
+                f"{path}:{number}: a record is a JSON object, got a {type(record).__name__}"
+            )
+        if _depth_exceeds(record, MAX_RECORD_DEPTH):
+            raise ValueError(
+                f"{path}:{number}: a record nested more than {MAX_RECORD_DEPTH} levels deep"
+            )
+        records.append(record)
     return records
 
 
 def read_progress_csv(path: str | os.PathLike[str]) -> list[dict[str, float]]:
-    """Rows of a ``progress.csv`` with every cell as float (empty cells -> NaN)."""
-    with Path(path).open(newline="", encoding="utf-8") as file:
-        return [
-            {key: float(cell) if cell not in ("", None) else math.nan for key, cell in row.items()}
-            for row in csv.DictReader(file)
-        ]
+    """Rows of a ``progress.csv`` with every cell as float (empty cells -> NaN).
+
+    Raises:
+        OSError: the file cannot be opened.
+        ValueError: not a regular file, larger than ``MAX_LOG_BYTES``, a row with more cells
+            than the header, or a cell that is no number (named by its line).
+    """
+    text = read_regular_file(path, max_bytes=MAX_LOG_BYTES).decode("utf-8")
+    reader = csv.DictReader(io.StringIO(text, newline=""), restkey=_EXTRA_CELLS)
+    rows = []
+    try:
+        for row in reader:
+            if _EXTRA_CELLS in row:
+                header = len(reader.fieldnames or ())
+                raise ValueError(
+                    f"{path}:{reader.line_num}: a row of {header + len(row[_EXTRA_CELLS])} "
+                    f"cells under a header of {header}"
+                )
+            rows.append({key: _cell(cell, path, reader.line_num) for key, cell in row.items()})
+    except csv.Error as err:  # e.g. a cell longer than the csv module's field limit
+        raise ValueError(f"{path}:{reader.line_num + 1}: not CSV: {err}") from None
+    return rows
+
+
+def _cell(cell: str | None, path: str | os.PathLike[str], line: int) -> float:
+    if cell in ("", None):
+        return math.nan
+    try:
+        return float(cell)
+    except ValueError:
+        raise ValueError(f"{path}:{line}: a cell is not a number: {cell[:40]!r}") from None
+
+
+def _reason(err: BaseException) -> str:
+    if isinstance(err, RecursionError):
+        return "nested too deep for Python's JSON reader"
+    return str(err).partition(";")[0]
+
+
+def _depth_exceeds(value: Any, limit: int) -> bool:
+    """Whether ``value`` (parsed JSON) nests dicts or lists more than ``limit`` levels;
+    iterative, so no depth JSON allows can overflow the stack here."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = (
+            item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        )
+        for child in children:
+            if isinstance(child, dict | list):
+                if depth + 1 > limit:
+                    return True
+                stack.append((child, depth + 1))
+    return False
 
 
 def plot_learning_curve(
@@ -307,5 +387,10 @@ def plot_learning_curve(
 
 
 def is_finite_number(value: Any) -> bool:
-    """A real int or float that is not NaN or infinite (bools and None are not numbers here)."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    """A real int or float that is not NaN or infinite (bools and None are not numbers here);
+    an int too large for a float (JSON has no bound) counts as infinite."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    if isinstance(value, int):
+        return -sys.float_info.max <= value <= sys.float_info.max  # exact, no float(value)
+    return math.isfinite(value)

@@ -3,12 +3,13 @@ and one-line errors (exit 2) for what cannot be drawn."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from marl_runner.cli import main
-from marl_runner.metrics_log import read_metrics_log
+from marl_runner.metrics_log import MAX_LOG_BYTES, read_metrics_log
 
 REPO = Path(__file__).resolve().parents[1]
 TICTACTOE = REPO / "examples" / "configs" / "tictactoe.yaml"
@@ -142,3 +143,51 @@ def test_has_training() -> None:
 
     assert has_training(["env_steps", "lr"]) and has_training(["knight/value_loss"])
     assert not has_training(["env_steps", "episode_reward_mean", "perf/mean_inference_ms"])
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "words"),
+    [
+        ("list.jsonl", '{"env_steps": 1}\n[1, 2, 3]\n{"env_steps": 2}\n', ":2: a record is a JSON object, got a list"),
+        ("deep.jsonl", '{"env_steps": 1}\n' + "[" * 100_000 + "]" * 100_000 + "\n{}\n", ":2: not a record to draw: nested too deep"),
+        ("nested.jsonl", '{"a": ' * 40 + "1" + "}" * 40 + "\n", ":1: a record nested more than 32 levels deep"),
+        ("digits.jsonl", '{"env_steps": ' + "9" * 5000 + "}\n{}\n", ":1: not a record to draw: Exceeds the limit (4300 digits)"),
+        ("extra.csv", "env_steps,episode_reward_mean\n1,2,3,4\n", ":2: a row of 4 cells under a header of 2"),
+        ("text.csv", "env_steps,episode_reward_mean\n1,2\n2,abc\n", ":3: a cell is not a number: 'abc'"),
+        ("long.csv", "env_steps\n" + "1" * 200_000 + "\n", ":2: not CSV: field larger than field limit"),
+    ],
+)  # fmt: skip
+def test_a_crafted_log_is_a_one_line_error_naming_its_line(tmp_path, capsys, name, text, words):
+    """A list record (AttributeError), deep JSON (RecursionError), extra CSV cells
+    (TypeError) and a 5,000-digit int (ValueError) each ended plot with a traceback."""
+    log = tmp_path / name
+    log.write_text(text)
+    assert f"{log}{words}" in plot_error([str(log)], capsys)
+
+
+def test_a_number_too_large_for_a_float_is_left_out_like_infinity(tmp_path, capsys) -> None:
+    """An int of 400 digits as x was an OverflowError; it is an infinite value, left out."""
+    log = tmp_path / "metrics.jsonl"
+    log.write_text(
+        '{"env_steps": 10, "episode_reward_mean": 1.0}\n'
+        f'{{"env_steps": {"1" + "0" * 400}, "episode_reward_mean": 2.0}}\n'
+        '{"env_steps": 30, "episode_reward_mean": 3.0}\n'
+    )
+    out = tmp_path / "curve.png"
+    assert main(["plot", str(log), "--out", str(out)]) == 0
+    assert_png(out)
+
+
+def test_only_a_regular_file_of_bounded_size_is_read(tmp_path, capsys) -> None:
+    """A FIFO hung plot; a symlink to /dev/zero read 2.7 GB before a MemoryError."""
+    fifo = tmp_path / "fifo.jsonl"
+    os.mkfifo(fifo)
+    assert f"{fifo}: is not a regular file (a FIFO)" in plot_error([str(fifo)], capsys)
+    zero = tmp_path / "zero.jsonl"
+    zero.symlink_to("/dev/zero")
+    assert "not a regular file (a character device)" in plot_error([str(zero)], capsys)
+    big = tmp_path / "progress.csv"
+    with big.open("wb") as file:
+        file.truncate(MAX_LOG_BYTES + 1)  # sparse: no disk used
+    err = plot_error([str(tmp_path / "progress.csv")], capsys)
+    assert f"more than the {MAX_LOG_BYTES:,} accepted" in err
