@@ -19,6 +19,7 @@ from marl_runner import (
     check_batch_invariants,
 )
 from marl_runner.checks import trajectory_rows
+from marl_runner.envs.errors import EnvError
 from tests.runner_helpers import config
 
 CRASHING = "tests.envs:CrashingEnv"
@@ -217,3 +218,24 @@ def test_a_stopped_runner_says_so() -> None:
     runner.stop()
     with pytest.raises(RuntimeError, match="stopped"):
         runner.sample()
+
+
+def test_an_obs_outside_its_space_is_named_by_sub_env_and_agent_without_checks() -> None:
+    """(Found by a probe.) check_env_outputs off: nothing looks at each obs as it arrives,
+    so an obs the policy's connectors cannot take fails the round; the error then names
+    the sub-env and agent that sent it and the space it was expected in, not only the
+    connector; with check_env_outputs on, the vector env names it as it arrives."""
+    cfg = config(
+        "tests.envs.malformed_env:MalformedEnv", env_config={"defect": "obs_out_of_space"},
+        policies={"shared": {"model": {"type": "mlp", "hidden": [8]}}},
+    )
+    with EnvRunner(cfg) as runner:
+        with pytest.raises(EnvError) as raised:
+            for _ in range(3):
+                runner.step()
+    message = str(raised.value)
+    assert message.startswith(
+        "sub-env 0: an obs for agent 'a0' lies outside its observation space Discrete(2): got int"
+    )
+    assert "check_env_outputs: true" in message
+    assert "ObsPreprocessorConnector" in message  # what failed on it

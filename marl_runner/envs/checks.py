@@ -186,11 +186,11 @@ class EnvOutputCheck:
             if not space.contains(value):
                 raise EnvError(
                     f"{self._where()}: {call} returned an obs for agent {agent!r} outside its "
-                    f"observation space {space}: got {_describe_value(value)}"
+                    f"observation space {space}: got {describe_value(value)}"
                 )
 
 
-def _describe_value(value: Any) -> str:
+def describe_value(value: Any) -> str:
     """Type, shape, dtype and range of an obs, for error messages."""
     array = np.asarray(value) if not isinstance(value, dict | tuple) else None
     if array is None or array.dtype.hasobject:

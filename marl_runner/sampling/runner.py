@@ -30,6 +30,7 @@ from marl_runner.sampling.env_output import PollResult, SubEnvOutput, poll_metho
 from marl_runner.sampling.episode import AgentSlot
 from marl_runner.sampling.fragments import FragmentBuilder
 from marl_runner.sampling.lifecycle import EpisodeLifecycle, SubEnvError
+from marl_runner.sampling.obs_misfit import run_agent_pipeline
 from marl_runner.sampling.policy_map import PolicyMap
 from marl_runner.sampling.policy_outputs import (
     Evaluated,
@@ -429,9 +430,9 @@ class EnvRunner:
 
     def _run_agent_connectors(self, round_: Round) -> dict[str, AgentRows]:
         """Each policy's rows of the round through its agent pipeline, once."""
-        entries = self.policy_map.entries
+        entries, space = self.policy_map.entries, self._env.get_observation_space
         return {
-            pid: entries[pid].agent_pipeline(rows)
+            pid: run_agent_pipeline(entries[pid].agent_pipeline, rows, space)
             for pid, rows in round_.to_agent_rows(self._key_table).items()
         }
 

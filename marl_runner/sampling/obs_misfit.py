@@ -1,0 +1,44 @@
+"""Naming the sub-env and agent whose obs an agent pipeline could not take.
+
+Obs are checked against their spaces on every step only with
+``check_env_outputs: true`` (it costs a ``contains`` per agent). Without it, an
+obs of the wrong shape or type first shows as an agent connector failing on the
+whole policy's rows; only then are the rows checked, to say which sub-env and
+agent sent it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+
+from connectors.data import AgentRows
+from connectors.errors import ConnectorError
+from marl_runner.envs.checks import describe_value
+from marl_runner.envs.errors import EnvError
+
+
+def run_agent_pipeline(
+    pipeline: Callable[[AgentRows], AgentRows],
+    rows: AgentRows,
+    observation_space: Callable[[Any], gym.Space],
+) -> AgentRows:
+    """``pipeline(rows)``; a ConnectorError where some row's raw obs lies outside its
+    agent's ``observation_space`` is raised as an EnvError naming the first such row."""
+    raw_obs = rows["obs"]
+    try:
+        return pipeline(rows)
+    except ConnectorError as error:
+        for env_id, agent_id, obs in zip(rows["env_ids"], rows["agent_ids"], raw_obs):
+            space = observation_space(agent_id)
+            if not space.contains(obs):
+                raise EnvError(
+                    f"sub-env {int(env_id)}: an obs for agent {agent_id!r} lies outside its "
+                    f"observation space {space}: got {describe_value(obs)} (the policy's "
+                    f"agent connectors failed on it: {error}); with check_env_outputs: true "
+                    "every obs is checked as it arrives, so such a sub-env fails alone (its "
+                    "episode dropped, and restarted with restart_failed_sub_environments)"
+                ) from error
+        raise
