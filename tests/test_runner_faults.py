@@ -239,3 +239,25 @@ def test_an_obs_outside_its_space_is_named_by_sub_env_and_agent_without_checks()
     )
     assert "check_env_outputs: true" in message
     assert "ObsPreprocessorConnector" in message  # what failed on it
+
+
+@pytest.mark.parametrize("part", ["logits", "value"])
+def test_nan_model_outputs_are_refused_not_sampled(part: str) -> None:
+    """(Found by a probe.) Weights gone NaN (a diverged run, or a checkpoint of one): the
+    numpy argmax would draw action 0 on every row and store NaN log-probs and values.
+    Instead the step raises, naming the policy, the output and a row's sub-env and agent."""
+    import torch
+
+    cfg = config("marl_runner.bench.envs.cheap_env:CheapEnv", env_config={"num_agents": 2})
+    with EnvRunner(cfg) as runner:
+        runner.step()
+        model = runner.policy_map["shared"].model
+        with torch.no_grad():
+            (model.logits if part == "logits" else model.value).bias.fill_(float("nan"))
+        with pytest.raises(ValueError) as raised:
+            runner.step()
+    name = "action_logp" if part == "logits" else "vf_preds"
+    assert str(raised.value).startswith(
+        f"policy 'shared': {name} is NaN on 4 of its 4 rows, the first one of sub-env 0, "
+        "agent 'agent_0': the model's weights are NaN"
+    )

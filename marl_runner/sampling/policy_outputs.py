@@ -25,6 +25,30 @@ class Evaluated(NamedTuple):
     output: PolicyOutput
 
 
+def refuse_nan_outputs(policy_id: str, evaluated: Evaluated) -> Evaluated:
+    """``evaluated``, unless the log-probs or value predictions of a row that acts are NaN:
+    a NaN model output draws the first action (argmax) and stores NaN for training, so it
+    is an error naming the policy and the row's sub-env and agent."""
+    acting, rows, (_, _, extra) = evaluated
+    for name in ("action_logp", "vf_preds"):
+        column = extra.get(name)
+        if type(column) is not np.ndarray or not np.isnan(column).any():
+            continue
+        nan_rows = np.flatnonzero(np.isnan(column))
+        if acting is not None:
+            nan_rows = nan_rows[np.isin(nan_rows, acting)]
+        if len(nan_rows):
+            row = int(nan_rows[0])
+            raise ValueError(
+                f"policy {policy_id!r}: {name} is NaN on {len(nan_rows)} of its {len(column)} "
+                f"rows, the first one of sub-env {int(rows['env_ids'][row])}, agent "
+                f"{rows['agent_ids'][row]!r}: the model's weights are NaN (a diverged run), or "
+                "its input is (an env obs with NaN: check_env_outputs: true names it as it "
+                "arrives); no action is drawn from NaN"
+            )
+    return evaluated
+
+
 def policy_input(rows: AgentRows) -> tuple[np.ndarray | None, AgentRows]:
     """The indices of the rows that need an action (not done; None when every row does,
     the usual round), and the rows as the policy gets them: a done row's action mask

@@ -35,6 +35,7 @@ from marl_runner.sampling.policy_map import PolicyMap
 from marl_runner.sampling.policy_outputs import (
     Evaluated,
     policy_input,
+    refuse_nan_outputs,
     run_action_connectors,
     stored_columns,
 )
@@ -452,13 +453,10 @@ class EnvRunner:
             acting, inputs = policy_input(rows)
             if acting is not None and not len(acting):
                 continue
-            evaluated[policy_id] = Evaluated(
-                acting,
-                inputs,
-                self.policy_map[policy_id].compute_actions_from_input_dict(
-                    inputs, explore=explore, timestep=self._num_env_steps_total
-                ),
+            output = self.policy_map[policy_id].compute_actions_from_input_dict(
+                inputs, explore=explore, timestep=self._num_env_steps_total
             )
+            evaluated[policy_id] = refuse_nan_outputs(policy_id, Evaluated(acting, inputs, output))
         return evaluated
 
     # ---- action connectors
