@@ -32,6 +32,7 @@ from marl_runner.batch import MultiAgentBatch, SampleBatch, concat_samples
 from marl_runner.config import ConfigError, space_to_spec
 from marl_runner.io.atomic import fsync_directory, write_atomically
 from marl_runner.io.batch_checks import BatchFileError, field, load_json, shortened
+from marl_runner.io.parquet_bounds import leaf_count, read_bounded
 from marl_runner.io.parquet_columns import batch_to_table, read_records, table_to_batch
 from marl_runner.safe_files import FileRefused, open_regular_file
 
@@ -136,7 +137,8 @@ def read_parquet_batch(manifest: Path) -> MultiAgentBatch:
     once, by the name the writer gives it in its policy's directory. Of a data
     file only the columns its column records name are read, after their
     declared uncompressed size is checked against ``max_read_bytes``, and
-    every decoded column must fit in the same bound.
+    every column must decode to no more than the same bound, checked before
+    it is decoded (dictionary-encoded ones too: ``parquet_bounds``).
     """
     try:
         with open_regular_file(manifest, max_bytes=MAX_MANIFEST_BYTES) as file:
@@ -318,7 +320,8 @@ def _write_table(path: Path, table: pa.Table, compression: str, written: list[Pa
 
 
 def _read_table(path: Path) -> SampleBatch:
-    """One data file: only the columns its records name, after checking their declared size."""
+    """One data file: only the columns its records name, after checking their declared and
+    their decoded size."""
     try:
         with open_regular_file(path) as file:
             file_bytes = os.fstat(file.fileno()).st_size
@@ -334,7 +337,7 @@ def _read_table(path: Path) -> SampleBatch:
                     f"more than {limit:,} ({MAX_EXPANSION}x its {file_bytes:,} bytes on disk "
                     f"+ {READ_ALLOWANCE:,})",
                 )
-            table = parquet_file.read(columns=columns, use_threads=False)
+            table = read_bounded(parquet_file, file, columns, path, limit)
     except FileRefused as exc:
         raise BatchFileError(path, f"it {exc}") from None
     except OSError as exc:
@@ -349,7 +352,7 @@ def _declared_bytes(parquet_file: pq.ParquetFile, columns: list[str], path: Path
     fields = parquet_file.schema_arrow
     leaf_owner: list[str] = []
     for arrow_field in fields:
-        leaf_owner += [arrow_field.name] * _leaf_count(arrow_field.type)
+        leaf_owner += [arrow_field.name] * leaf_count(arrow_field.type)
     metadata = parquet_file.metadata
     if len(leaf_owner) != metadata.num_columns:
         raise BatchFileError(path, "its schema and its column chunks do not agree")
@@ -361,22 +364,6 @@ def _declared_bytes(parquet_file: pq.ParquetFile, columns: list[str], path: Path
             if owner in wanted:
                 total += max(row_group.column(leaf).total_uncompressed_size, 0)
     return total
-
-
-def _leaf_count(arrow_type: pa.DataType) -> int:
-    """Parquet leaf columns an Arrow type is stored as (structs: one per field, lists: their
-    values')."""
-    if pa.types.is_struct(arrow_type):
-        return sum(_leaf_count(arrow_type.field(i).type) for i in range(arrow_type.num_fields))
-    if (
-        pa.types.is_list(arrow_type)
-        or pa.types.is_large_list(arrow_type)
-        or pa.types.is_fixed_size_list(arrow_type)
-    ):
-        return _leaf_count(arrow_type.value_type)
-    if pa.types.is_map(arrow_type):
-        return _leaf_count(arrow_type.key_type) + _leaf_count(arrow_type.item_type)
-    return 1
 
 
 def _space_spec(space: Any) -> dict[str, Any]:
