@@ -166,6 +166,33 @@ def test_a_config_whose_batch_cannot_fit_is_refused_before_building(tictactoe, t
         restore_checkpoint(path)
 
 
+@pytest.mark.parametrize(
+    ("backend", "options"),
+    [("subprocess", {"num_envs": 64, "num_workers": 64}), ("subprocess", {"num_envs": 64}),
+     ("ray", {"num_envs": 64})],
+)
+def test_a_config_asking_for_more_env_processes_than_cores_is_refused(
+    tictactoe, tmp_path, monkeypatch, backend, options
+):
+    """(Found by a probe.) A 65 KB file asking for 16 workers started 18 processes and
+    took 2.5 GB: a file's config may start one env process per core. Overrides lift it."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+
+    def many(payload):
+        payload["config"].update(vectorize=backend, **options)
+
+    path = rewritten(tictactoe, tmp_path / "procs.ckpt", many)
+    processes = options.get("num_workers", 64 if backend == "ray" else 2)
+    if processes <= 2:  # subprocess's default: min(num_envs, cores)
+        with restore_checkpoint(path, overrides=["num_envs=2"]) as runner:
+            assert runner.sample().env_steps() > 0
+        return
+    with pytest.raises(CheckpointError, match=rf"procs.ckpt: .* asks for {processes} env processes"):
+        restore_checkpoint(path)
+    with restore_checkpoint(path, overrides=["vectorize=sync", "num_envs=2"]) as runner:
+        assert runner.sample().env_steps() > 0
+
+
 def test_weights_that_fit_restore_as_before(tictactoe):
     result = evaluate_checkpoint(tictactoe, episodes=2, seed=1)
     assert len(result.episodes) == 2

@@ -243,7 +243,29 @@ def _load_checked(
     runner_config = base.with_overrides(overrides) if overrides else base
     if not trusted:
         _refuse_file_imports(payload["policies"], runner_config, from_file, set(allow), path)
+        if config is None:
+            _refuse_many_processes(runner_config, path)
     return payload, runner_config
+
+
+def _refuse_many_processes(config: RunnerConfig, path: str | os.PathLike[str]) -> None:
+    """A file's config starts at most one env process per CPU core: each is an interpreter
+    with its envs (100 MB or more), which the batch estimate does not count, so a small
+    file asking for dozens would take gigabytes. ``overrides`` or ``trusted`` lift it."""
+    cores = os.cpu_count() or 1
+    if config.vectorize == "subprocess":
+        processes, key = config.num_workers or min(config.num_envs, cores), "num_workers"
+    elif config.vectorize == "ray":
+        processes, key = config.num_envs, "num_envs"  # one actor per sub-env
+    else:
+        return
+    if processes > cores:
+        raise CheckpointError(
+            f"{path}: checkpoint field config asks for {processes} env processes "
+            f"(vectorize: {config.vectorize}, {key}: {getattr(config, key)}) on {cores} CPU "
+            "cores; a checkpoint's config may start at most one per core: lower it with "
+            "overrides (e.g. ['vectorize=sync']), or pass trusted=True for a file you made"
+        )
 
 
 def _refuse_file_imports(
