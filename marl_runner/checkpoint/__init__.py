@@ -264,7 +264,8 @@ def _refuse_many_processes(config: RunnerConfig, path: str | os.PathLike[str]) -
             f"{path}: checkpoint field config asks for {processes} env processes "
             f"(vectorize: {config.vectorize}, {key}: {getattr(config, key)}) on {cores} CPU "
             "cores; a checkpoint's config may start at most one per core: lower it with "
-            "overrides (e.g. ['vectorize=sync']), or pass trusted=True for a file you made"
+            "overrides (e.g. ['vectorize=sync']; `--set vectorize=sync` on the command line), "
+            "or pass trusted=True for a file you made"
         )
 
 
