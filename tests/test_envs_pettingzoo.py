@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -343,3 +345,105 @@ class ToyParallel(ParallelEnv):
         self.agents = [a for a in self.agents if not (terminateds[a] or truncateds[a])]
         self.last = (obs, rewards, terminateds, truncateds, infos)
         return self.last
+
+
+class OldGymStep(ToyParallel):
+    """Steps the way gym did before terminations and truncations were split."""
+
+    def step(self, actions):
+        obs, rewards, terminateds, _, infos = super().step(actions)
+        return obs, rewards, terminateds, infos
+
+
+class ObsOnlyReset(ToyParallel):
+    def reset(self, seed=None, options=None):
+        return super().reset(seed=seed)[0]
+
+
+class FlagAs(ToyParallel):
+    """y's termination on step 1 given as `flag` instead of True."""
+
+    def __init__(self, flag):
+        self.flag = flag
+
+    def step(self, actions):
+        obs, rewards, terminateds, truncateds, infos = super().step(actions)
+        terminateds = {a: self.flag if done else False for a, done in terminateds.items()}
+        return obs, rewards, terminateds, truncateds, infos
+
+
+def test_parallel_step_and_reset_of_another_shape_are_named_errors():
+    """A 4-tuple step was a bare 'not enough values to unpack'; an obs-only reset unpacked
+    the obs dict's keys and was called 'a tuple of 2 (str, str)'."""
+    env = ParallelPettingZooEnv(OldGymStep())
+    env.reset(seed=0)
+    with pytest.raises(EnvError, match=r"OldGymStep.step returned a tuple of 4; .*returns 5 "):
+        env.step({"x": 0, "y": 0})
+    with pytest.raises(EnvError, match=r"dict with keys \['x', 'y'\] \(the obs alone\?\); .*"
+                       r"reset returns \(obs, infos\)"):  # fmt: skip
+        ParallelPettingZooEnv(ObsOnlyReset()).reset(seed=0)
+
+
+@pytest.mark.parametrize("flag", ["no", 2, 0.5, [1]])
+def test_parallel_a_set_flag_that_is_no_bool_is_a_named_error(flag):
+    """A terminated flag of "no" counted as True: the agent's episode ended silently."""
+    env = ParallelPettingZooEnv(FlagAs(flag))
+    env.reset(seed=0)
+    with pytest.raises(
+        EnvError, match=rf"FlagAs gave terminations\['y'\] = {re.escape(repr(flag))}"
+    ):
+        env.step({"x": 0, "y": 0})
+
+
+@pytest.mark.parametrize("flag", [True, np.True_, 1, np.int8(1)])
+def test_parallel_bool_like_flags_end_the_agent(flag):
+    env = ParallelPettingZooEnv(FlagAs(flag))
+    env.reset(seed=0)
+    _, _, terminateds, _, _ = env.step({"x": 0, "y": 0})
+    assert terminateds["y"] is flag and terminateds["__all__"] is False
+    assert env.step({"x": 0})[3] == {"x": True, "__all__": True}
+
+
+class SelectsUnlisted(ToyAEC):
+    """After the first move, `b` (listed in env.agents) loses its termination entry, or the
+    env selects `ghost`, an agent it never had."""
+
+    def __init__(self, who):
+        self.who = who
+
+    def step(self, action):
+        super().step(action)
+        if self.who == "b":
+            del self.terminations["b"]
+        else:
+            self.agent_selection = self.who
+
+
+@pytest.mark.parametrize(
+    ("who", "words"),
+    [
+        ("b", "'b' (in env.agents), which env.terminations lacks;"),
+        ("ghost", "'ghost' (not in env.agents), which env.terminations and env.truncations and "
+         "env.infos lack;"),
+    ],
+)  # fmt: skip
+def test_aec_a_selection_without_flags_is_a_named_error(who, words):
+    """An agent_selection missing from env.terminations was a bare KeyError."""
+    env = AECPettingZooEnv(SelectsUnlisted(who))
+    env.reset(seed=0)
+    with pytest.raises(EnvError, match=f"selected agent {re.escape(words)}"):
+        env.step({"a": 0})
+
+
+def test_aec_a_set_flag_that_is_no_bool_is_a_named_error():
+    class StringFlag(ToyAEC):
+        def step(self, action):
+            super().step(action)
+            if "c" in self.terminations and self.terminations["c"] is True:
+                self.terminations["c"] = "yes"
+
+    env = AECPettingZooEnv(StringFlag())
+    env.reset(seed=0)
+    with pytest.raises(EnvError, match=r"StringFlag gave terminations\['c'\] = 'yes' \(str\)"):
+        for agent in ("a", "b"):
+            env.step({agent: 0})

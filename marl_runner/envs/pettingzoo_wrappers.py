@@ -9,6 +9,7 @@ import logging
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 from pettingzoo import AECEnv, ParallelEnv
 
 from connectors.agent.env_state import ENV_STATE_INFO_KEY
@@ -29,6 +30,54 @@ def _episode_end_flags(
         return False, False
     truncated_all = any(truncateds.values())
     return not truncated_all, truncated_all
+
+
+def _name(env: Any) -> str:
+    return type(getattr(env, "unwrapped", env)).__qualname__
+
+
+def _kind(value: Any) -> str:
+    """``a tuple of 4``, ``a dict with keys ['a', 'b']``: what an env returned, briefly."""
+    if isinstance(value, tuple | list):
+        return f"a {type(value).__name__} of {len(value)}"
+    if isinstance(value, dict):
+        return f"a dict with keys {list(value)[:4]} (the obs alone?)"
+    return f"a {type(value).__name__}"
+
+
+def _check_flag(env: Any, kind: str, agent: AgentID, flag: Any) -> None:
+    """A set termination/truncation flag must be a bool (numpy's too) or 1: a string such
+    as "no" is truthy and would end the agent."""
+    if (
+        flag is True
+        or isinstance(flag, np.bool_)
+        or (isinstance(flag, int | np.integer) and flag == 1)
+    ):
+        return
+    raise EnvError(
+        f"{_name(env)} gave {kind}[{agent!r}] = {flag!r} ({type(flag).__name__}); expected "
+        "true or false"
+    )
+
+
+def _unlisted_agent_error(env: Any, live: AECState, agent: AgentID) -> EnvError:
+    lacking = [
+        name
+        for name, table in (
+            ("terminations", live.terminations),
+            ("truncations", live.truncations),
+            ("infos", live.infos),
+        )
+        if agent not in table
+    ]
+    listed = "in" if agent in live.agents else "not in"
+    lacks = f"which env.{' and env.'.join(lacking)} {'lacks' if len(lacking) == 1 else 'lack'}"
+    return EnvError(
+        f"AEC env {_name(env)} selected agent {agent!r} ({listed} env.agents), "
+        f"{lacks if lacking else 'whose flags or infos cannot be read'}; expected "
+        "agent_selection to be one of env.agents, each with a termination, a truncation and "
+        "an infos entry"
+    )
 
 
 _BASE_STATE_METHODS = (ParallelEnv.state, AECEnv.state)
@@ -74,7 +123,9 @@ class _PettingZooSpaces(MultiAgentEnv):
         """Refuses, when built, an env that cannot give its state."""
         self.capture_state = bool(capture_state)
         if self.capture_state and not _defines_state(self.env):
-            raise _no_state_error(self.env, "does not implement state() (PettingZoo's global state)")
+            raise _no_state_error(
+                self.env, "does not implement state() (PettingZoo's global state)"
+            )
 
     def _with_state(self, obs: MultiAgentDict, infos: MultiAgentDict) -> MultiAgentDict:
         """``infos`` with the env's state added for each agent in ``obs`` (copies, never the
@@ -137,16 +188,32 @@ class ParallelPettingZooEnv(_PettingZooSpaces):
     ) -> tuple[MultiAgentDict, MultiAgentDict]:
         self._done_agents = set()
         self._episode_over = False
-        obs, infos = self.env.reset(seed=seed, options=options)
+        result = self.env.reset(seed=seed, options=options)
+        if not isinstance(result, tuple | list) or len(result) != 2:
+            raise EnvError(
+                f"{_name(self.env)}.reset returned {_kind(result)}; a ParallelEnv's reset "
+                "returns (obs, infos), two dicts keyed by agent id"
+            )
+        obs, infos = result
         return obs, self._with_state(obs, infos)
 
     def step(self, actions: MultiAgentDict) -> StepResult:
         if not actions and (self._episode_over or not self.env.agents):
             return {}, {}, {"__all__": False}, {"__all__": False}, {}
-        obs, rewards, terminateds, truncateds, infos = self.env.step(actions)
+        result = self.env.step(actions)
+        try:
+            obs, rewards, terminateds, truncateds, infos = result
+        except (TypeError, ValueError):
+            raise EnvError(
+                f"{_name(self.env)}.step returned {_kind(result)}; a ParallelEnv's step returns "
+                "5 dicts keyed by agent id: (obs, rewards, terminations, truncations, infos)"
+            ) from None
         done = self._done_agents
-        done.update(a for a, flag in terminateds.items() if flag)
-        done.update(a for a, flag in truncateds.items() if flag)
+        for kind, flags in (("terminations", terminateds), ("truncations", truncateds)):
+            for agent, flag in flags.items():
+                if flag:  # checked only when set: a flag that is not is never looked at again
+                    _check_flag(self.env, kind, agent, flag)
+                    done.add(agent)
         listed = self.env.agents
         episode_over = not listed or all(agent in done for agent in listed)
         if episode_over and listed and not self._warned_agents_kept:
@@ -255,15 +322,21 @@ class AECPettingZooEnv(_PettingZooSpaces):
                     f"AEC env {env} selected dead agent {agent!r} again after stepping it "
                     "with None; expected the env to remove it from env.agents"
                 )
-            terminated = live.terminations[agent]
-            truncated = live.truncations[agent]
+            try:
+                terminated = live.terminations[agent]
+                truncated = live.truncations[agent]
+                infos[agent] = live.infos[agent]
+            except KeyError:
+                raise _unlisted_agent_error(env, live, agent) from None
             obs[agent] = env.observe(agent)
-            infos[agent] = live.infos[agent]
             terminateds[agent] = terminated
             truncateds[agent] = truncated
             if not (terminated or truncated):
                 terminateds["__all__"] = truncateds["__all__"] = False
                 return obs, rewards, terminateds, truncateds, infos
+            _check_flag(
+                env, "terminations" if terminated else "truncations", agent, terminated or truncated
+            )
             env.step(None)
             self._add_step_rewards(rewards)
         terminated_all, truncated_all = _episode_end_flags(terminateds, truncateds, True)
