@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import logging
 from pathlib import Path
@@ -11,7 +12,9 @@ import numpy as np
 import pytest
 
 from marl_runner.batch import MultiAgentBatch, SampleBatch
-from marl_runner.io import read_batches, write_batch
+from marl_runner.bench.envs.cheap_env import CheapEnv
+from marl_runner.cli import main
+from marl_runner.io import json_rows, read_batches, write_batch
 from marl_runner.io.json_rows import MAX_ROW_DEPTH, NOT_JSON
 
 NO_PYARROW = importlib.util.find_spec("pyarrow") is None
@@ -108,3 +111,59 @@ def test_info_at_the_depth_bound_is_kept_as_it_is(tmp_path: Path) -> None:
     write_batch(batch_with(deep(MAX_ROW_DEPTH - 2), "p"), tmp_path, 1)
     [loaded] = read_batches(tmp_path)
     assert loaded.policy_batches["p"]["infos"][3]["bad"] == deep(MAX_ROW_DEPTH - 2)
+
+
+class SetInOneInfo(CheapEnv):
+    """CheapEnv whose second-built sub-env puts a set in agent_1's info at its 15th step."""
+
+    built = 0
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.index, SetInOneInfo.built = SetInOneInfo.built, SetInOneInfo.built + 1
+        self.steps = 0
+
+    def step(self, actions: dict) -> Any:
+        self.steps += 1
+        obs, rewards, terminateds, truncateds, infos = super().step(actions)
+        if self.index == 1 and self.steps == 15:
+            infos = {**infos, "agent_1": {"seen": {3, 4}}}
+        return obs, rewards, terminateds, truncateds, infos
+
+
+@pytest.mark.parametrize("file_format", FORMATS)
+def test_sample_keeps_every_batch_when_one_sub_env_puts_a_set_in_an_info(
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    file_format: str,
+) -> None:
+    """The set ended `marl-runner sample --out` (exit 1) and lost its batch and every later one."""
+    # The class the config names: pytest may have imported this file under another name.
+    monkeypatch.setattr(importlib.import_module("tests.test_io_json_rows").SetInOneInfo, "built", 0)
+    monkeypatch.setattr(json_rows, "_warned", set())
+    config, out = tmp_path / "set.yaml", tmp_path / "out"
+    config.write_text(
+        "env: {name: 'tests.test_io_json_rows:SetInOneInfo', api: multi_agent,"
+        " config: {num_agents: 2, episode_len: 10}}\n"
+        "num_envs: 2\nrollout_fragment_length: 10\n"
+        "policies: {shared: {model: {type: mlp, hidden: [8]}}}\n"
+    )
+    args = ["sample", str(config), "--steps", "60", "--out", str(out), "--format", file_format]
+    with caplog.at_level(logging.WARNING, logger="marl_runner.io.json_rows"):
+        assert main(args) == 0
+    batches = list(read_batches(out))
+    assert sum(batch.env_steps() for batch in batches) == 60
+    marked = [
+        (int(rows["env_id"][i]), str(rows["agent_id"][i]))
+        for rows in (batch.policy_batches["shared"] for batch in batches)
+        for i, info in enumerate(rows["infos"])
+        if info == {"seen": {NOT_JSON: "set", "repr": "{3, 4}"}}
+    ]
+    rows = [info for batch in batches for info in batch.policy_batches["shared"]["infos"]]
+    assert len(marked) == 1 and rows.count({}) == len(rows) - 1
+    [record] = caplog.records
+    env_id, agent_id = marked[0]
+    assert "'shared/infos', row" in record.getMessage()
+    assert f"(env_id {env_id}, agent_id '{agent_id}')" in record.getMessage()
+    assert agent_id == "agent_1" and "['seen']" in record.getMessage()
