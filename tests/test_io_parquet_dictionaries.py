@@ -105,3 +105,14 @@ def test_fixed_width_columns_are_sized_from_the_row_count_before_any_read(
         monkeypatch.setattr(pq.ParquetFile, "read", no_read)
         with pytest.raises(ValueError, match=r"column 'eps_id' would decode to 8,000 bytes"):
             read_bounded(parquet_file, file, ["eps_id"], data_file, limit=7999)
+
+
+def test_strings_and_bytes_with_nul_characters_read_back_whole(tmp_path: Path) -> None:
+    """pyarrow cut numpy str / bytes values at their first NUL: b"\\x00\\xff" came back b""."""
+    names = np.array(["a\x00b", "\x00x", "plain"])
+    raw = np.array([b"\x00\xff", b"a\x00b", b"z"])
+    manifest, _ = written(tmp_path, SampleBatch(names=names, raw=raw, pair=np.stack([raw, raw], 1)))
+    loaded = read_batch(manifest).policy_batches["p"]
+    for name, column in (("names", names), ("raw", raw), ("pair", np.stack([raw, raw], 1))):
+        assert loaded[name].dtype == column.dtype
+        assert loaded[name].tolist() == column.tolist()

@@ -332,7 +332,12 @@ def _encode_array(values: np.ndarray, where: str) -> pa.Array:
         raise ValueError(
             f"write_batch: column {where!r}: rows of shape {list(values.shape[1:])} hold no values"
         )
-    array = pa.array(np.ascontiguousarray(values).reshape(-1))
+    flat = np.ascontiguousarray(values).reshape(-1)
+    if values.dtype.kind in "US":
+        # From a numpy str/bytes array pyarrow cuts each value at its first NUL ("a\0b" -> "a").
+        array = pa.array(flat.tolist(), pa.string() if values.dtype.kind == "U" else pa.binary())
+    else:
+        array = pa.array(flat)
     for size in reversed(values.shape[1:]):
         array = pa.FixedSizeListArray.from_arrays(array, size)
     return array
