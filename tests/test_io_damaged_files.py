@@ -67,3 +67,14 @@ def test_random_byte_edits_of_an_npz_raise_only_batch_file_errors(tmp_path: Path
             assert str(path) in str(exc)
             failures += 1
     assert failures > 100  # most edits are caught, none escapes as another error
+
+
+def test_a_parquet_column_name_that_is_not_utf8_is_a_batch_file_error(tmp_path: Path) -> None:
+    """pyarrow decodes column names late: the bare UnicodeDecodeError named no file."""
+    pytest.importorskip("pyarrow")
+    rows = SampleBatch(obs=np.zeros((2, 3), np.float32), rewards=np.ones(2, np.float32))
+    manifest = write_batch(MultiAgentBatch({"p": rows}, env_steps=2), tmp_path, 1, "parquet")
+    data_file = tmp_path / "p" / "batch_000001.parquet"
+    data_file.write_bytes(data_file.read_bytes().replace(b"rewards", b"rew\xb0rds"))
+    with pytest.raises(BatchFileError, match=rf"{data_file}: .*not UTF-8"):
+        read_batch(manifest)

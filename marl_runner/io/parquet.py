@@ -344,6 +344,10 @@ def _read_table(path: Path) -> SampleBatch:
         raise BatchFileError(path, exc.strerror or str(exc)) from None
     except pa.ArrowException as exc:
         raise BatchFileError(path, str(exc)) from None
+    except UnicodeDecodeError as exc:  # a column name in the footer: pyarrow decodes it late
+        raise BatchFileError(
+            path, f"its schema names a column in bytes that are not UTF-8: {exc}"
+        ) from None
     return table_to_batch(table, records, path, limit)
 
 
