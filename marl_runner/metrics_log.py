@@ -18,7 +18,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -28,7 +28,9 @@ from marl_runner.metrics_merge import DictMeans, merge_metrics
 from marl_runner.safe_files import read_regular_file
 
 __all__ = [
+    "MAX_LINE_CHARS",
     "MAX_LOG_BYTES",
+    "MAX_LOG_VALUES",
     "MAX_RECORD_DEPTH",
     "MetricsLogWriter",
     "RunMetrics",
@@ -43,11 +45,17 @@ _STATE_KEYS = ("num_healthy_runners", "num_runner_restarts")
 #: Lists of messages about the interval: a whole-run summary keeps the last few of all.
 _MESSAGE_KEYS = ("faults", "runner_faults")
 MAX_SUMMARY_MESSAGES = 10
-#: The largest metrics log or progress.csv read back: about 75,000 records of a two-policy
-#: run (one a minute is seven weeks). ``plot`` holds the records and their flattened rows,
-#: about 9x the file's bytes (600 MB at this size), so a crafted or endless file (a symlink
-#: to /dev/zero) is refused before it is read.
-MAX_LOG_BYTES = 64 << 20
+#: What ``plot`` reads back of a metrics log or progress.csv: the records and their
+#: flattened rows take ~10x the file's bytes, and up to ~25x for crafted files of tiny
+#: records or keys, so the file, its lines and its values are bounded before they are
+#: held (a symlink to /dev/zero, a FIFO or a file of newlines is refused, not read).
+#: 32 MiB is about 39,000 records of a two-policy run (108 hours at one per 10 s).
+MAX_LOG_BYTES = 32 << 20
+#: The longest line: a record of a two-policy run is about 900 characters.
+MAX_LINE_CHARS = 1 << 20
+#: Lines, numbers, texts, lists and objects in all (CSV: cells and rows); a record of a
+#: two-policy run holds about 40.
+MAX_LOG_VALUES = 3_000_000
 #: Levels of nesting a record may have: a runner's are 3 deep (perf/policy/key).
 MAX_RECORD_DEPTH = 32
 #: The key ``csv.DictReader`` gives the cells past the header's.
@@ -236,31 +244,38 @@ def read_metrics_log(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
     Raises:
         OSError: the file cannot be opened.
-        ValueError: not a regular file (``FileRefused``), larger than ``MAX_LOG_BYTES``, or a
-            line that is no JSON object nested at most ``MAX_RECORD_DEPTH`` deep (named by
-            its number).
+        ValueError: not a regular file (``FileRefused``), past one of the bounds (``MAX_LOG_*``),
+            or a line that is no JSON object nested at most ``MAX_RECORD_DEPTH`` deep
+            (named by its number).
     """
     records = []
-    lines = read_regular_file(path, max_bytes=MAX_LOG_BYTES).decode("utf-8").splitlines()
-    for number, line in enumerate(lines, 1):
+    torn: ValueError | None = None  # a line that is no JSON: an error unless it is the last
+    values = 0
+    for number, line in _bounded_lines(path):
+        if torn is not None:
+            raise torn
+        values += 1
+        _check_values(values, path, number)
         if not line.strip():
             continue
         try:
             record = json.loads(line)
         except json.JSONDecodeError as err:
-            if number == len(lines):
-                break
-            raise ValueError(f"{path}:{number}: not a JSON record: {err}") from None
+            torn = ValueError(f"{path}:{number}: not a JSON record: {err}")
+            continue
         except (ValueError, RecursionError) as err:  # an int past 4,300 digits; deep nesting
             raise ValueError(f"{path}:{number}: not a record to draw: {_reason(err)}") from None
         if not isinstance(record, dict):
             raise ValueError(
                 f"{path}:{number}: a record is a JSON object, got a {type(record).__name__}"
             )
-        if _depth_exceeds(record, MAX_RECORD_DEPTH):
+        depth, count = _shape(record, MAX_RECORD_DEPTH)
+        if depth > MAX_RECORD_DEPTH:
             raise ValueError(
                 f"{path}:{number}: a record nested more than {MAX_RECORD_DEPTH} levels deep"
             )
+        values += count
+        _check_values(values, path, number)
         records.append(record)
     return records
 
@@ -270,12 +285,12 @@ def read_progress_csv(path: str | os.PathLike[str]) -> list[dict[str, float]]:
 
     Raises:
         OSError: the file cannot be opened.
-        ValueError: not a regular file, larger than ``MAX_LOG_BYTES``, a row with more cells
-            than the header, or a cell that is no number (named by its line).
+        ValueError: not a regular file, past one of the bounds (``MAX_LOG_*``), a row with
+            more cells than the header, or a cell that is no number (named by its line).
     """
-    text = read_regular_file(path, max_bytes=MAX_LOG_BYTES).decode("utf-8")
-    reader = csv.DictReader(io.StringIO(text, newline=""), restkey=_EXTRA_CELLS)
+    reader = csv.DictReader((line for _, line in _bounded_lines(path)), restkey=_EXTRA_CELLS)
     rows = []
+    values = 0
     try:
         for row in reader:
             if _EXTRA_CELLS in row:
@@ -284,10 +299,36 @@ def read_progress_csv(path: str | os.PathLike[str]) -> list[dict[str, float]]:
                     f"{path}:{reader.line_num}: a row of {header + len(row[_EXTRA_CELLS])} "
                     f"cells under a header of {header}"
                 )
+            values += len(row) + 1
+            _check_values(values, path, reader.line_num)
             rows.append({key: _cell(cell, path, reader.line_num) for key, cell in row.items()})
     except csv.Error as err:  # e.g. a cell longer than the csv module's field limit
         raise ValueError(f"{path}:{reader.line_num + 1}: not CSV: {err}") from None
     return rows
+
+
+def _bounded_lines(path: str | os.PathLike[str]) -> Iterator[tuple[int, str]]:
+    """``(number, line)`` of a regular file of at most ``MAX_LOG_BYTES``, each line at most
+    ``MAX_LINE_CHARS`` (read line by line: a file of newlines is no list of empty strings)."""
+    text = read_regular_file(path, max_bytes=MAX_LOG_BYTES).decode("utf-8")
+    stream = io.StringIO(text, newline="")
+    number = 0
+    while line := stream.readline(MAX_LINE_CHARS + 1):
+        number += 1
+        if len(line) > MAX_LINE_CHARS:
+            raise ValueError(
+                f"{path}:{number}: a line longer than the {MAX_LINE_CHARS:,} characters a "
+                "record may take"
+            )
+        yield number, line
+
+
+def _check_values(values: int, path: str | os.PathLike[str], number: int) -> None:
+    if values > MAX_LOG_VALUES:
+        raise ValueError(
+            f"{path}:{number}: the log holds more than the {MAX_LOG_VALUES:,} values (lines, "
+            "numbers, texts, lists, objects) plot reads; thin it first, e.g. keep every 10th line"
+        )
 
 
 def _cell(cell: str | None, path: str | os.PathLike[str], line: int) -> float:
@@ -305,21 +346,22 @@ def _reason(err: BaseException) -> str:
     return str(err).partition(";")[0]
 
 
-def _depth_exceeds(value: Any, limit: int) -> bool:
-    """Whether ``value`` (parsed JSON) nests dicts or lists more than ``limit`` levels;
+def _shape(value: Any, limit: int) -> tuple[int, int]:
+    """``(levels, values)`` of parsed JSON, the levels counted up to ``limit + 1`` only;
     iterative, so no depth JSON allows can overflow the stack here."""
     stack = [(value, 1)]
+    deepest = count = 0
     while stack:
         item, depth = stack.pop()
-        children = (
-            item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
-        )
-        for child in children:
-            if isinstance(child, dict | list):
-                if depth + 1 > limit:
-                    return True
-                stack.append((child, depth + 1))
-    return False
+        count += 1
+        deepest = max(deepest, depth)
+        if depth > limit:
+            break
+        if isinstance(item, dict):
+            stack.extend((child, depth + 1) for child in item.values())
+        elif isinstance(item, list):
+            stack.extend((child, depth + 1) for child in item)
+    return deepest, count
 
 
 def plot_learning_curve(

@@ -3,13 +3,15 @@ and one-line errors (exit 2) for what cannot be drawn."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import pytest
 
+from marl_runner import metrics_log
 from marl_runner.cli import main
-from marl_runner.metrics_log import MAX_LOG_BYTES, read_metrics_log
+from marl_runner.metrics_log import MAX_LINE_CHARS, MAX_LOG_BYTES, read_metrics_log
 
 REPO = Path(__file__).resolve().parents[1]
 TICTACTOE = REPO / "examples" / "configs" / "tictactoe.yaml"
@@ -191,3 +193,24 @@ def test_only_a_regular_file_of_bounded_size_is_read(tmp_path, capsys) -> None:
         file.truncate(MAX_LOG_BYTES + 1)  # sparse: no disk used
     err = plot_error([str(tmp_path / "progress.csv")], capsys)
     assert f"more than the {MAX_LOG_BYTES:,} accepted" in err
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "words"),
+    [
+        ("line.jsonl", '{"a": "' + "x" * MAX_LINE_CHARS + '"}\n', ":1: a line longer than the 1,048,576"),
+        ("blank.jsonl", "\n" * 100 + "{}\n", ":101: the log holds more than the 100 values"),
+        ("keys.jsonl", "{}\n" + json.dumps(dict.fromkeys(map(str, range(40)), [0, 1])), ":2: the log holds more"),
+        ("tiny.csv", "env_steps\n" + "1\n" * 60, ":52: the log holds more than the 100 values"),
+    ],
+)  # fmt: skip
+def test_the_lines_and_values_held_are_bounded(
+    tmp_path, capsys, monkeypatch, name, text, words
+) -> None:
+    """Files under the size bound can still hold millions of tiny records (4 GB for 32 MiB of
+    one-cell CSV rows); each is refused at the line past a bound, before more is held
+    (MAX_LOG_VALUES is lowered to 100 here to keep the files small)."""
+    monkeypatch.setattr(metrics_log, "MAX_LOG_VALUES", 100)
+    log = tmp_path / name
+    log.write_text(text)
+    assert f"{log}{words}" in plot_error([str(log)], capsys)
