@@ -44,15 +44,25 @@ _warned: set[str] = set()
 def rows_to_json(
     column: Iterable[Any], where: str, row_name: Callable[[int], str] | None = None
 ) -> list[str]:
-    """Each row of an object column as JSON (``row_to_json``); ``row_name(i)`` says which
+    """Each row of an object column as JSON: numpy values become numbers and lists, tuples
+    lists, and what JSON cannot hold a marker (see the module). ``row_name(i)`` says which
     sub-env and agent row ``i`` belongs to, for the one warning about replaced values."""
     texts = []
     replaced: list[tuple[int, list[str]]] = []
     for i, value in enumerate(column):
-        text, paths = row_to_json(value)
-        texts.append(text)
-        if paths:
+        # Most rows of `infos`; through the encoder, most of the time a batch file takes to write.
+        if type(value) is dict and not value:
+            texts.append("{}")
+            continue
+        try:
+            text = _encode(value)
+        except (TypeError, ValueError, RecursionError):
+            text = None
+        if text is None or _too_deep(text):
+            paths: list[str] = []
+            text = _encode(_jsonable(value, "", 1, paths))
             replaced.append((i, paths))
+        texts.append(text)
     if replaced and where not in _warned:
         _warned.add(where)
         _warn(where, replaced, row_name)
@@ -74,24 +84,6 @@ def row_namer(batch: Mapping[str, Any]) -> Callable[[int], str]:
     return name
 
 
-def row_to_json(value: Any) -> tuple[str, list[str]]:
-    """One row as JSON (numpy values become numbers and lists, tuples lists) and the paths
-    (``['key'][0]``) of the parts JSON cannot hold, stored as markers."""
-    # Most rows of `infos`; through the encoder, most of the time a batch file takes to write.
-    if type(value) is dict and not value:
-        return "{}", []
-    try:
-        text = json.dumps(value, default=_json_default)
-    except (TypeError, ValueError, RecursionError):
-        pass
-    else:
-        # A row nests at most as deep as it has brackets: only a row with many is walked.
-        if text.count("[") + text.count("{") <= MAX_ROW_DEPTH or not _too_deep(text):
-            return text, []
-    paths: list[str] = []
-    return json.dumps(_jsonable(value, "", 1, paths)), paths
-
-
 def _json_default(value: Any) -> Any:
     if isinstance(value, np.ndarray):
         return value.tolist()
@@ -100,7 +92,14 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} {value!r}")
 
 
+_encode = json.JSONEncoder(default=_json_default).encode
+
+
 def _too_deep(text: str) -> bool:
+    """Whether a row's JSON nests deeper than ``MAX_ROW_DEPTH``: a row does at most as
+    deep as it has brackets, so only a long row with many is parsed again."""
+    if len(text) <= 2 * MAX_ROW_DEPTH or text.count("[") + text.count("{") <= MAX_ROW_DEPTH:
+        return False
     try:
         return depth_exceeds(json.loads(text), MAX_ROW_DEPTH)
     except RecursionError:
