@@ -125,7 +125,7 @@ def _jsonable(value: Any, path: str, depth: int, paths: list[str]) -> Any:
         return [_jsonable(item, f"{path}[{i}]", depth + 1, paths) for i, item in enumerate(value)]
     if isinstance(value, (str, float, type(None))) or (isinstance(value, int) and _fits(value)):
         return value
-    paths.append(f"{path} ({type(value).__name__})")
+    paths.append(f"{path or 'the whole row'} ({type(value).__name__})")
     return _marker(value)
 
 
