@@ -395,6 +395,18 @@ def test_parallel_a_set_flag_that_is_no_bool_is_a_named_error(flag):
         env.step({"x": 0, "y": 0})
 
 
+def test_parallel_flags_that_are_no_dict_are_a_named_error():
+    class ListFlags(ToyParallel):
+        def step(self, actions):
+            obs, rewards, terminateds, truncateds, infos = super().step(actions)
+            return obs, rewards, terminateds, list(truncateds.values()), infos
+
+    env = ParallelPettingZooEnv(ListFlags())
+    env.reset(seed=0)
+    with pytest.raises(EnvError, match=r"ListFlags.step returned truncations as a list of 2; "):
+        env.step({"x": 0, "y": 0})
+
+
 @pytest.mark.parametrize("flag", [True, np.True_, 1, np.int8(1)])
 def test_parallel_bool_like_flags_end_the_agent(flag):
     env = ParallelPettingZooEnv(FlagAs(flag))

@@ -210,10 +210,16 @@ class ParallelPettingZooEnv(_PettingZooSpaces):
             ) from None
         done = self._done_agents
         for kind, flags in (("terminations", terminateds), ("truncations", truncateds)):
-            for agent, flag in flags.items():
-                if flag:  # checked only when set: a flag that is not is never looked at again
-                    _check_flag(self.env, kind, agent, flag)
-                    done.add(agent)
+            try:  # a flag that is not set is never looked at again, so only set ones are checked
+                set_now = [(agent, flag) for agent, flag in flags.items() if flag]
+            except AttributeError:
+                raise EnvError(
+                    f"{_name(self.env)}.step returned {kind} as {_kind(flags)}; expected a dict "
+                    "of agent id -> bool"
+                ) from None
+            for agent, flag in set_now:
+                _check_flag(self.env, kind, agent, flag)
+                done.add(agent)
         listed = self.env.agents
         episode_over = not listed or all(agent in done for agent in listed)
         if episode_over and listed and not self._warned_agents_kept:
