@@ -159,22 +159,23 @@ def _check_model(model: Any, key: str) -> dict[str, Any]:
 
 
 def _check_model_size(model: dict[str, Any], key: str) -> None:
-    """Refuses a built-in model too big to build: at most ``MAX_MODEL_LAYERS`` layers, each at
-    most ``MAX_LAYER_WIDTH`` wide, and at most ``MAX_MODEL_PARAMETERS`` weights before the env's sizes are added (the
-    model would be built, and its memory taken, before anything else could refuse it)."""
+    """Refuses a built-in model too big to build, before it is built and its memory taken:
+    at most ``MAX_MODEL_LAYERS`` layers, each at most ``MAX_LAYER_WIDTH`` wide, and at most
+    ``MAX_MODEL_PARAMETERS`` weights before the env's sizes are added."""
     for name in ("hidden", "lstm_cell_size", "conv"):
         sizes = model.get(name)
         if sizes is None:
             continue
-        widths = [sizes] if name == "lstm_cell_size" else sizes
-        if name == "conv":
-            widths = [size for layer in sizes for size in layer]
-        if name != "lstm_cell_size" and len(sizes) > MAX_MODEL_LAYERS:
-            raise ConfigError(
-                f"{key}.{name}",
-                f"got {len(sizes):,} layers, expected at most {MAX_MODEL_LAYERS} (each layer is "
-                "a module of its own, built twice without vf_share_layers)",
-            )
+        if name == "lstm_cell_size":
+            widths = [sizes]
+        else:
+            if len(sizes) > MAX_MODEL_LAYERS:
+                raise ConfigError(
+                    f"{key}.{name}",
+                    f"got {len(sizes):,} layers, expected at most {MAX_MODEL_LAYERS} (each "
+                    "layer is a module of its own, built twice without vf_share_layers)",
+                )
+            widths = [size for layer in sizes for size in layer] if name == "conv" else sizes
         if max(widths, default=0) > MAX_LAYER_WIDTH:
             raise ConfigError(
                 f"{key}.{name}",
