@@ -168,15 +168,18 @@ def test_a_batch_too_big_for_a_float_is_refused_by_name(tmp_path, capsys):
         ("external_episode_timeout_s", 10**12, "at most 1,000,000 s"),
         ("remote_env_batch_wait_ms", 1e10, "at most 1,000,000,000 ms"),
         ("torch_threads", int("9" * 4000), "an integer >= 1 and <= 1,024"),
+        ("num_runners", int("9" * 100), "an integer >= 0 and <= 10,000"),
     ],
 )
 def test_numbers_that_reach_the_os_or_torch_are_bounded(key, value, bound):
     """1e11 s passed validate and then ended sample with 'timestamp too large'; 4,000-digit
-    torch_threads failed to build naming no key."""
+    torch_threads failed to build naming no key, 100-digit num_runners failed in Ray."""
     data = {"env": "x:y", "policies": {"p": {}}, "vectorize": "subprocess", key: value}
     with pytest.raises(ConfigError, match=f"^{key}: got .*expected {bound}"):
         RunnerConfig.from_dict(data)
-    within = 1_000_000 * (1000 if key.endswith("_ms") else 1) if key != "torch_threads" else 1024
+    within = {"torch_threads": 1024, "num_runners": 10_000}.get(
+        key, 1_000_000 * (1000 if key.endswith("_ms") else 1)
+    )
     assert getattr(RunnerConfig.from_dict(data | {key: within}), key) == within
 
 

@@ -25,6 +25,7 @@ from marl_runner.config.schema import (
     ENV_APIS,
     ENV_KEYS,
     FAKE_OBS_MODES,
+    MAX_RUNNERS,
     MAX_TORCH_THREADS,
     REQUIRED_HINTS,
     STEP_COUNTS,
@@ -55,8 +56,9 @@ _INTS = {
     "max_runner_restarts": 0,
 }
 _OPTIONAL_INTS = {"seed": None, "torch_threads": 1, "max_episode_steps": 1}
-#: Upper bounds of int fields whose value reaches a C call (torch takes a C int).
-_MAXIMA = {"torch_threads": MAX_TORCH_THREADS}
+#: Upper bounds of int fields whose value reaches a C call (torch takes a C int), or Ray's
+#: resource arithmetic (a 100-digit num_runners failed there, naming no key).
+_MAXIMA = {"torch_threads": MAX_TORCH_THREADS, "num_runners": MAX_RUNNERS}
 _BOOLS = (
     "restart_failed_sub_environments",
     "explore",
@@ -78,7 +80,8 @@ def check_fields(config: Any) -> None:
     """Checks and normalises every field of ``config`` in place; raises ``ConfigError``."""
     config.env = check_env(config.env)
     for name, minimum in _INTS.items():
-        setattr(config, name, check_int(getattr(config, name), name, minimum=minimum))
+        value = check_int(getattr(config, name), name, minimum=minimum, maximum=_MAXIMA.get(name))
+        setattr(config, name, value)
     for name, minimum in _OPTIONAL_INTS.items():
         if getattr(config, name) is not None:
             value = check_int(

@@ -23,6 +23,7 @@ from marl_runner.config.policy_checks import check_chain, connector_name
 from marl_runner.config.schema import (
     BUILTIN_POLICY_CLASSES,
     EXCLUDABLE_COLUMNS,
+    MAX_RUNNERS,
     MAX_TORCH_THREADS,
     REQUIRED_HINTS,
     EnvSpec,
@@ -171,7 +172,9 @@ class RunnerConfig:
         None, "Warn once when an episode has not ended after this many env steps; null: never."
     )
     num_runners: int = _key(
-        0, "marl_runner.distributed: remote runners in a group; 0 samples locally only."
+        0,
+        "marl_runner.distributed: remote runners in a group; 0 samples locally only. At most "
+        f"{MAX_RUNNERS:,}.",
     )
     max_runner_restarts: int = _key(
         3, "marl_runner.distributed: restarts of a dead runner before it is dropped."

@@ -24,6 +24,7 @@ __all__ = [
     "MAX_LAYER_WIDTH",
     "MAX_MODEL_LAYERS",
     "MAX_MODEL_PARAMETERS",
+    "MAX_RUNNERS",
     "MAX_TORCH_THREADS",
     "POLICY_KEYS",
     "REQUIRED_HINTS",
@@ -48,6 +49,8 @@ ACTIVATIONS = ("tanh", "relu")
 #: The most inference threads a config may ask for (torch takes a C int; no machine has more
 #: cores).
 MAX_TORCH_THREADS = 1024
+#: Remote runners a group may ask for (far beyond any cluster this runs on).
+MAX_RUNNERS = 10_000
 #: The most parameters a built-in model may have before the env's sizes are added (the
 #: weights its config alone asks for, e.g. ``hidden`` times ``hidden``): 50M float32 is
 #: 200 MB, 15 times a Nature CNN's policy and value trunks on 84x84 frames (3.4M).
