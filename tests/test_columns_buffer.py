@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from marl_runner.sampling.columns import ColumnBuffer
 
@@ -45,3 +46,18 @@ def test_hand_offs_in_a_row_keep_each_batch_and_the_rows_left():
     np.testing.assert_array_equal(first, [0, 1])
     np.testing.assert_array_equal(second, [2, 3])
     np.testing.assert_array_equal(buffer.view()["x"], [4, 5, 6])
+
+
+@pytest.mark.parametrize(
+    ("first", "then"),
+    [(np.float64, np.float32), (np.int64, np.int32), (np.int64, np.bool_), (np.float32, np.int64)],
+)
+def test_rows_gathered_into_a_buffer_of_another_dtype_are_cast_as_assignment_casts(first, then):
+    """(Found in review.) A round with ending rows gathers them by index: a column whose
+    dtype differs from the buffer's (float32 obs after float64 reset obs, say) is cast as
+    a plain append casts it, where take(out=) refused all but safe casts."""
+    buffer = ColumnBuffer()
+    buffer.append({"x": np.zeros(3, first)}, 3)
+    buffer.append({"x": np.array([1, 0, 1], then)}, 2, np.array([0, 2]))
+    assert buffer.view()["x"].tolist() == [0, 0, 0, 1, 1]
+    assert buffer.view()["x"].dtype == first

@@ -93,11 +93,13 @@ class ColumnBuffer:
                 value = np.asarray(value)
                 array = arrays[name] = self._new_array(value.dtype, value.shape[1:])
                 array[:start] = 0
-            if rows is not None and np.ndim(value):
+            if rows is None or not np.ndim(value):
+                array[start:stop] = value
+            elif value.dtype == array.dtype:
                 # (One copy: indexing first would copy the rows once more.)
                 value.take(rows, 0, array[start:stop], "clip")
-            else:
-                array[start:stop] = value
+            else:  # take's out= casts only where the cast back is safe; assignment casts all
+                array[start:stop] = value[rows]
         if len(columns) < len(arrays):
             for name, array in arrays.items():
                 if name not in columns:
