@@ -261,3 +261,21 @@ def test_nan_model_outputs_are_refused_not_sampled(part: str) -> None:
         f"policy 'shared': {name} is NaN on 4 of its 4 rows, the first one of sub-env 0, "
         "agent 'agent_0': the model's weights are NaN"
     )
+
+
+def test_the_nan_check_reads_custom_policy_columns_row_by_row() -> None:
+    """(Found in review.) A custom policy's outputs may be objects, or several values per
+    row: objects are not checked, a [n, k] column is judged per row (and only rows that
+    act count)."""
+    from connectors.data import AgentRows
+    from marl_runner.sampling.policy_outputs import Evaluated, refuse_nan_outputs
+
+    rows = AgentRows({"env_ids": np.arange(4), "agent_ids": ["a", "b", "c", "d"]})
+    values = np.zeros((4, 3))
+    values[2, 1] = np.nan
+    logp = np.array([{}, {}, {}, {}], object)
+    output = (np.zeros(4), [], {"action_logp": logp, "vf_preds": values})
+    refuse_nan_outputs("p", Evaluated(np.array([0, 1, 3]), rows, output))  # row 2 is done
+    with pytest.raises(ValueError, match=r"vf_preds is NaN on 1 of its 4 rows, the first one "
+                       r"of sub-env 2, agent 'c'"):
+        refuse_nan_outputs("p", Evaluated(None, rows, output))

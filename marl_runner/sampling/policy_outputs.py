@@ -32,9 +32,15 @@ def refuse_nan_outputs(policy_id: str, evaluated: Evaluated) -> Evaluated:
     acting, rows, (_, _, extra) = evaluated
     for name in ("action_logp", "vf_preds"):
         column = extra.get(name)
-        if type(column) is not np.ndarray or not np.isnan(column).any():
+        # (A custom policy's column may be of objects, or hold several values per row.)
+        if (
+            type(column) is not np.ndarray
+            or column.dtype.kind not in "fc"
+            or not column.ndim
+            or not np.isnan(column).any()
+        ):
             continue
-        nan_rows = np.flatnonzero(np.isnan(column))
+        nan_rows = np.flatnonzero(np.isnan(column).reshape(len(column), -1).any(axis=1))
         if acting is not None:
             nan_rows = nan_rows[np.isin(nan_rows, acting)]
         if len(nan_rows):
