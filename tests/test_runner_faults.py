@@ -235,7 +235,7 @@ def test_an_obs_outside_its_space_is_named_by_sub_env_and_agent_without_checks()
                 runner.step()
     message = str(raised.value)
     assert message.startswith(
-        "sub-env 0: an obs for agent 'a0' lies outside its observation space Discrete(2): got int"
+        "sub-env 0: an obs for agent 'a0' does not fit its observation space Discrete(2): got int"
     )
     assert "check_env_outputs: true" in message
     assert "ObsPreprocessorConnector" in message  # what failed on it
@@ -279,3 +279,27 @@ def test_the_nan_check_reads_custom_policy_columns_row_by_row() -> None:
     with pytest.raises(ValueError, match=r"vf_preds is NaN on 1 of its 4 rows, the first one "
                        r"of sub-env 2, agent 'c'"):
         refuse_nan_outputs("p", Evaluated(None, rows, output))
+
+
+def test_a_connector_failing_for_another_reason_is_not_blamed_on_the_obs() -> None:
+    """(Found in review.) float64 obs for a float32 Box (connectors take them), or values
+    past its bounds, are not what made a connector fail: its own error is raised."""
+    import gymnasium as gym
+
+    from connectors.data import AgentRows
+    from connectors.errors import ConnectorError
+    from marl_runner.sampling.obs_misfit import run_agent_pipeline
+
+    def fails(rows: AgentRows) -> AgentRows:
+        raise ConnectorError("the mask is 5 wide")
+
+    space = gym.spaces.Box(0.0, 1.0, (2,), np.float32)
+    rows = AgentRows({
+        "obs": [np.array([0.5, 0.5]), np.array([7.0, -3.0], np.float32)],
+        "env_ids": np.arange(2), "agent_ids": ["a0", "a1"],
+    })
+    with pytest.raises(ConnectorError, match="the mask is 5 wide"):
+        run_agent_pipeline(fails, rows, lambda agent: space)
+    rows["obs"] = [np.array([0.5, 0.5]), np.zeros(3)]
+    with pytest.raises(EnvError, match=r"sub-env 1: an obs for agent 'a1' does not fit"):
+        run_agent_pipeline(fails, rows, lambda agent: space)

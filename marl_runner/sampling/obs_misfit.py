@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 
 from connectors.data import AgentRows
 from connectors.errors import ConnectorError
@@ -33,12 +34,25 @@ def run_agent_pipeline(
     except ConnectorError as error:
         for env_id, agent_id, obs in zip(rows["env_ids"], rows["agent_ids"], raw_obs):
             space = observation_space(agent_id)
-            if not space.contains(obs):
+            if _misfits(obs, space):
                 raise EnvError(
-                    f"sub-env {int(env_id)}: an obs for agent {agent_id!r} lies outside its "
+                    f"sub-env {int(env_id)}: an obs for agent {agent_id!r} does not fit its "
                     f"observation space {space}: got {describe_value(obs)} (the policy's "
                     f"agent connectors failed on it: {error}); with check_env_outputs: true "
                     "every obs is checked as it arrives, so such a sub-env fails alone (its "
                     "episode dropped, and restarted with restart_failed_sub_environments)"
                 ) from error
         raise
+
+
+def _misfits(obs: Any, space: gym.Space) -> bool:
+    """Whether ``obs`` is what a connector cannot take: for a Box, not numbers of its shape
+    (float64 values for a float32 Box, or values past its bounds, are taken as they are
+    and so are not the cause); for other spaces, outside the space."""
+    if isinstance(space, gym.spaces.Box):
+        try:
+            array = np.asarray(obs)
+        except (TypeError, ValueError):  # a ragged sequence
+            return True
+        return array.shape != space.shape or array.dtype.kind not in "biuf"
+    return not space.contains(obs)
