@@ -61,7 +61,8 @@ def rows_to_json(
         if text is None or _too_deep(text):
             paths: list[str] = []
             text = _encode(_jsonable(value, "", 1, paths))
-            replaced.append((i, paths))
+            if paths:  # (a numpy key, or a row exactly at the depth limit, replaces nothing)
+                replaced.append((i, paths))
         texts.append(text)
     if replaced and where not in _warned:
         _warned.add(where)
