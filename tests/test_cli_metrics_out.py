@@ -508,3 +508,11 @@ def test_runners_in_ray_log_every_batch_of_every_runner(ray_local, tmp_path) -> 
     assert all(r["num_healthy_runners"] == 2 for r in records)
     assert all(r["episodes"] == 8 for r in records[:-1])  # 2 sub-envs x 4 episodes of 25 steps
     assert sum(r["episodes"] for r in records) == env_steps // 25
+
+
+def test_runners_past_the_limit_are_a_one_line_error_before_ray(capsys) -> None:
+    """(Found in review.) --runners has the config's num_runners bound: a 100-digit count
+    failed inside Ray's resource arithmetic, naming nothing."""
+    code = main(["sample", str(TICTACTOE), "--runners", "9" * 100])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err == "marl-runner sample: error: --runners 1e+100: expected at most 10,000"

@@ -31,6 +31,7 @@ from marl_runner.cli.common import (
 from marl_runner.cli.display import print_run_summary
 from marl_runner.cli.stopping import GracefulStop, exit_code_of
 from marl_runner.config import RunnerConfig
+from marl_runner.config.schema import MAX_RUNNERS
 from marl_runner.metrics_log import MetricsLogWriter, RunMetrics
 from marl_runner.progress import (
     ProgressReporter,
@@ -125,6 +126,8 @@ def run_sample(args: argparse.Namespace) -> int:
     else:
         unit, target = config.count_steps_by, config.num_envs * config.rollout_fragment_length
     num_runners = config.num_runners if args.runners is None else args.runners
+    if num_runners > MAX_RUNNERS:
+        raise CommandError(f"--runners {num_runners:.3g}: expected at most {MAX_RUNNERS:,}")
     metrics_log = prepare_outputs(args, config)
     with metrics_log or contextlib.nullcontext():
         return _sample(args, config, unit, target, num_runners, metrics_log)

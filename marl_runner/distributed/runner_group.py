@@ -11,6 +11,7 @@ from typing import Any
 
 from marl_runner.batch import concat_multi_agent, concat_samples
 from marl_runner.config import RunnerConfig
+from marl_runner.config.schema import MAX_RUNNERS
 from marl_runner.distributed.filter_states import (
     FilterStates,
     install_filter_states,
@@ -118,6 +119,10 @@ class EnvRunnerGroup:
         for name, value in (("num_runners", num_runners), ("max_restarts", max_restarts)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"EnvRunnerGroup {name} {value!r}: expected an int >= 0")
+        if num_runners > MAX_RUNNERS:  # (Ray's resource arithmetic fails past it, unnamed)
+            raise ValueError(
+                f"EnvRunnerGroup num_runners {num_runners:.3g}: expected at most {MAX_RUNNERS:,}"
+            )
         self.num_runners = num_runners
         self.max_restarts = max_restarts
         self.sample_timeout_s = sample_timeout_s
