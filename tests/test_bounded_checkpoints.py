@@ -191,6 +191,11 @@ def test_a_config_asking_for_more_env_processes_than_cores_is_refused(
         restore_checkpoint(path)
     with restore_checkpoint(path, overrides=["vectorize=sync", "num_envs=2"]) as runner:
         assert runner.sample().env_steps() > 0
+    # A count the caller set in overrides is theirs (found in review: it was refused too).
+    from marl_runner.checkpoint import checkpoint_config
+
+    asked = checkpoint_config(path, overrides=["num_envs=4", "num_workers=4"])
+    assert (asked.num_envs, asked.num_workers) == (4, 4)
 
 
 def test_weights_that_fit_restore_as_before(tictactoe):
