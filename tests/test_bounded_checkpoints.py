@@ -230,3 +230,15 @@ def test_episodes_within_the_cap_are_evaluated(tmp_path):
     path = saved(tmp_path / "ok.ckpt", data)
     result = evaluate_checkpoint(path, episodes=2, max_episode_steps=30)
     assert [e.length for e in result.episodes] == [30, 30]
+
+
+def test_a_checkpoint_of_subprocess_workers_is_evaluated_on_one_sub_env(tictactoe, tmp_path):
+    """(Found in review.) Evaluation steps one sub-env: a file's num_workers: 2 was refused
+    as more workers than that one sub-env."""
+
+    def workers(payload):
+        payload["config"].update(vectorize="subprocess", num_envs=2, num_workers=2)
+
+    path = rewritten(tictactoe, tmp_path / "workers.ckpt", workers)
+    result = evaluate_checkpoint(path, episodes=1, seed=1)
+    assert len(result.episodes) == 1

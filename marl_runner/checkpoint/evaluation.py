@@ -174,7 +174,10 @@ def evaluate_checkpoint(
         path,
         trusted=trusted,
         allow=allow,
-        overrides=["batch_mode=complete_episodes", "num_envs=1", *overrides, *ours],
+        # One sub-env, so at most one worker (a file's num_workers: 2 failed as more than it).
+        overrides=[
+            "batch_mode=complete_episodes", "num_envs=1", "num_workers=null", *overrides, *ours
+        ],
     )
     if config.vectorize == "external":
         raise EvaluationError(
