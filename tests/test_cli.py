@@ -252,6 +252,7 @@ def test_sample_writes_batches_and_prints_metrics(
     assert [b.env_steps() for b in batches] == [10, 10, 10]  # stops at the first batch past 25
     assert batches[2].policy_batches["archer"]["infos"][1] == {"step": 10}
     assert sorted(p.name for p in out_dir.iterdir()) == [
+        ".marl-runner.lock",  # (empty: its lock said a run wrote there)
         "batch_000001.npz",
         "batch_000002.npz",
         "batch_000003.npz",

@@ -516,3 +516,24 @@ def test_runners_past_the_limit_are_a_one_line_error_before_ray(capsys) -> None:
     code = main(["sample", str(TICTACTOE), "--runners", "9" * 100])
     err = capsys.readouterr().err.strip()
     assert code == 2 and err == "marl-runner sample: error: --runners 1e+100: expected at most 10,000"
+
+
+def test_a_second_run_into_a_directory_another_run_writes_to_is_refused(tmp_path, capsys) -> None:
+    """(Found by a probe.) Two runs started together into one --out each found it empty
+    and mixed their files: the first run's lock (held as another process would hold it)
+    refuses the second at once; once it is let go, the directory is usable."""
+    import fcntl
+
+    out = tmp_path / "out"
+    out.mkdir()
+    with (out / ".marl-runner.lock").open("a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        code = main(["sample", str(TICTACTOE), "--steps", "10", "--out", str(out)])
+        err = capsys.readouterr().err.strip()
+        assert code == 2
+        assert err == (
+            f"marl-runner sample: error: --out {out}: another run is writing there now; "
+            "choose another directory"
+        )
+        assert not (out / "config.yaml").exists()
+    assert main(["sample", str(TICTACTOE), "--steps", "10", "--out", str(out)]) == 0

@@ -9,6 +9,8 @@ none of them.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import gc
 import math
 from collections.abc import Callable, Sequence
@@ -155,14 +157,21 @@ def build_error(exc: Exception, config: RunnerConfig) -> CommandError:
     return CommandError(f"cannot build the runner: {describe(exc)}")
 
 
-def prepare_out_dir(out_dir: Path, config: RunnerConfig) -> None:
-    """Refuses a directory holding another run's batches; saves the resolved config there.
+#: The file in ``--out`` whose lock says a run writes there now (it stays, empty).
+OUT_DIR_LOCK = ".marl-runner.lock"
+
+
+def prepare_out_dir(out_dir: Path, config: RunnerConfig, stack: contextlib.ExitStack) -> None:
+    """Refuses a directory holding another run's batches, or one another run writes to
+    now; saves the resolved config there.
 
     Missing parent directories are made (``runs/`` in a fresh checkout).
     Runs before any env is built, so an unusable ``--out`` (under a file, not
     a directory, not writable) is a one-line error, not a traceback after
     minutes of sampling. Writing the config is the write test: a permission
-    check alone would pass as root.
+    check alone would pass as root. The directory stays locked (``OUT_DIR_LOCK``)
+    until ``stack`` closes: two runs started together into one directory would
+    each find it empty and mix their files.
     """
     if not out_dir.exists():
         ancestor = next(path for path in out_dir.absolute().parents if path.exists())
@@ -170,13 +179,23 @@ def prepare_out_dir(out_dir: Path, config: RunnerConfig) -> None:
             raise CommandError(f"--out {out_dir}: {ancestor} is not a directory")
     if out_dir.exists() and not out_dir.is_dir():
         raise CommandError(f"--out {out_dir}: exists and is not a directory")
-    if out_dir.is_dir() and list_batch_files(out_dir):
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        lock = stack.enter_context((out_dir / OUT_DIR_LOCK).open("a"))
+    except OSError as exc:
+        raise CommandError(f"--out {out_dir}: cannot write there: {_os_error_text(exc)}") from None
+    try:  # the kernel lets go of it with the process, however that ends
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise CommandError(
+            f"--out {out_dir}: another run is writing there now; choose another directory"
+        ) from None
+    if list_batch_files(out_dir):
         raise CommandError(
             f"--out {out_dir}: already holds batch files from an earlier run; "
             "choose a new or empty directory"
         )
     try:
-        out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "config.yaml").write_text(
             yaml.safe_dump(config.to_dict(), sort_keys=False), encoding="utf-8"
         )
@@ -242,9 +261,12 @@ def add_metrics_out_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def prepare_outputs(args: argparse.Namespace, config: RunnerConfig) -> MetricsLogWriter | None:
-    """What a sampling command writes to, readied before any env is built: ``--out``
-    checked and holding the config, the ``--metrics-out`` log opened (None without it).
+def prepare_outputs(
+    args: argparse.Namespace, config: RunnerConfig, stack: contextlib.ExitStack
+) -> MetricsLogWriter | None:
+    """What a sampling command writes to, readied before any env is built and held until
+    ``stack`` closes: ``--out`` checked, locked and holding the config, the
+    ``--metrics-out`` log opened (None without it).
     An option that only shapes an output not asked for is an error, not ignored."""
     for option, value, needs in (
         ("--format", args.format, ("--out DIR", args.out)),
@@ -256,10 +278,10 @@ def prepare_outputs(args: argparse.Namespace, config: RunnerConfig) -> MetricsLo
     if args.metrics_interval is None:
         args.metrics_interval = 10.0
     if args.out is not None:
-        prepare_out_dir(args.out, config)
+        prepare_out_dir(args.out, config, stack)
     if args.metrics_out is None:
         return None
-    return open_metrics_log(args.metrics_out, args.metrics_interval)
+    return stack.enter_context(open_metrics_log(args.metrics_out, args.metrics_interval))
 
 
 def open_metrics_log(path: Path, interval_s: float) -> MetricsLogWriter:

@@ -83,7 +83,7 @@ def add_sample_parser(commands: Any, common: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="write each batch as soon as it is produced (atomically, in --format, readable "
         "with marl_runner.io.read_batches) plus the resolved config as DIR/config.yaml; "
-        "DIR must not already hold batch files",
+        "DIR must not already hold batch files, nor be written to by another run",
     )
     add_out_format_argument(sample)
     sample.add_argument(
@@ -128,8 +128,8 @@ def run_sample(args: argparse.Namespace) -> int:
     num_runners = config.num_runners if args.runners is None else args.runners
     if num_runners > MAX_RUNNERS:
         raise CommandError(f"--runners {num_runners:.3g}: expected at most {MAX_RUNNERS:,}")
-    metrics_log = prepare_outputs(args, config)
-    with metrics_log or contextlib.nullcontext():
+    with contextlib.ExitStack() as outputs:
+        metrics_log = prepare_outputs(args, config, outputs)
         return _sample(args, config, unit, target, num_runners, metrics_log)
 
 

@@ -199,8 +199,8 @@ def run_serve(args: argparse.Namespace) -> int:
             f"--host {args.host} is not a loopback address: give a shared token with --token "
             f"or ${TOKEN_ENV_VAR}"
         )
-    metrics_log = prepare_outputs(args, config)
-    with metrics_log or contextlib.nullcontext():
+    with contextlib.ExitStack() as outputs:
+        metrics_log = prepare_outputs(args, config, outputs)
         return _serve(args, config, token, console, metrics_log)
 
 
