@@ -26,8 +26,9 @@ def run_agent_pipeline(
     rows: AgentRows,
     observation_space: Callable[[Any], gym.Space],
 ) -> AgentRows:
-    """``pipeline(rows)``; a ConnectorError where some row's raw obs lies outside its
-    agent's ``observation_space`` is raised as an EnvError naming the first such row."""
+    """``pipeline(rows)``; a ConnectorError where some row's raw obs does not fit its
+    agent's ``observation_space`` (``_misfits``) is raised as an EnvError naming the first
+    such row, and as itself where none does."""
     raw_obs = rows["obs"]
     try:
         return pipeline(rows)
