@@ -243,8 +243,8 @@ def _load_checked(
     runner_config = base.with_overrides(overrides) if overrides else base
     if not trusted:
         _refuse_file_imports(payload["policies"], runner_config, from_file, set(allow), path)
-        if config is None and not _PROCESS_KEYS & {o.split("=", 1)[0].strip() for o in overrides or ()}:
-            _refuse_many_processes(runner_config, path)
+        if config is None:
+            _refuse_many_processes(runner_config, overrides, path)
     return payload, runner_config
 
 
@@ -253,11 +253,15 @@ def _load_checked(
 _PROCESS_KEYS = {"vectorize", "num_workers", "num_envs"}
 
 
-def _refuse_many_processes(config: RunnerConfig, path: str | os.PathLike[str]) -> None:
+def _refuse_many_processes(
+    config: RunnerConfig, overrides: Iterable[str] | None, path: str | os.PathLike[str]
+) -> None:
     """A file's config starts at most one env process per CPU core: each is an interpreter
     with its envs (100 MB or more), which the batch estimate does not count, so a small
     file asking for dozens would take gigabytes. Overriding ``_PROCESS_KEYS``, or
     ``trusted``, lifts it."""
+    if _PROCESS_KEYS & {override.split("=", 1)[0].strip() for override in overrides or ()}:
+        return
     cores = os.cpu_count() or 1
     if config.vectorize == "subprocess":
         processes, key = config.num_workers or min(config.num_envs, cores), "num_workers"

@@ -221,23 +221,32 @@ def _sample_until(
             except Exception:
                 # A crash (a sub-env failing with restarts off, say) raises after the other
                 # sub-envs' data is kept: it is written before the error is reported.
-                try:
-                    _write_rest(group, counts, progress, writer)
-                except BaseException as failed:  # a second Ctrl-C too: the error still shows
-                    logger.warning("the rows sampled before the error were not written: %r", failed)
+                _write_rest_or_warn(group, counts, progress, writer, "error")
                 raise
             _write_rest(group, counts, progress, writer)
         except KeyboardInterrupt as exc:
             # The second Ctrl-C or SIGTERM (an env that hangs): the episodes finished before
-            # it are still written (flush() steps no env); a third one gives that up too.
-            try:
-                _write_rest(group, counts, progress, writer)
-            except BaseException as failed:
-                logger.warning("the rows sampled before the stop were not written: %r", failed)
+            # it are still written (flush() steps no env).
+            _write_rest_or_warn(group, counts, progress, writer, "stop")
             return exit_code_of(exc)
         finally:
             batches.close()
     return stop.exit_code
+
+
+def _write_rest_or_warn(
+    group: Any,
+    counts: SampleCounts,
+    progress: ProgressReporter,
+    writer: BatchFileWriter | None,
+    ended_by: str,
+) -> None:
+    """``_write_rest`` on the way out of a run that failed or was stopped hard: if that
+    fails too (another Ctrl-C, say), a warning says so and the way out goes on."""
+    try:
+        _write_rest(group, counts, progress, writer)
+    except BaseException as failed:
+        logger.warning("the rows sampled before the %s were not written: %r", ended_by, failed)
 
 
 def _write_rest(
