@@ -26,6 +26,24 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _forkserver_with_the_runner_loaded() -> None:
+    """Start this process's fork server with the runner (and so torch) imported.
+
+    Many test envs live in test modules, which import the runner: a worker unpickling one
+    would import torch itself, about 1.5 s per worker started. Forked from a server that
+    has it, a worker starts in milliseconds. The product's own fork server preloads only
+    `marl_runner.envs`, which keeps torch out of env workers (see marl_runner/__init__.py).
+    """
+    from marl_runner.envs.subprocess_pool import START_METHOD
+
+    if START_METHOD == "forkserver":
+        from multiprocessing import forkserver
+
+        forkserver.set_forkserver_preload(["marl_runner.sampling.runner", "tests.envs"])
+        forkserver.ensure_running()
+
+
 @pytest.fixture(scope="session")
 def ray_local() -> Iterator[Any]:
     """A local Ray with 2 CPUs, started once; tests skip when Ray is not installed."""
