@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import pytest
 
-from marl_runner import EnvRunner, NoObservationError, SubEnvError, check_batch_invariants
+from marl_runner import (
+    EnvRunner,
+    NoObservationError,
+    Policy,
+    SubEnvError,
+    check_batch_invariants,
+)
 from marl_runner.checks import trajectory_rows
 from marl_runner.envs import register_env
 from tests.envs import CrashingEnv
@@ -245,6 +252,33 @@ def test_action_and_observation_spaces(env: str) -> None:
         flat = shared["actions"]
         if flat.ndim == 1:
             assert shared["action_mask"][np.arange(len(flat)), flat].all()
+
+
+class TuplePolicy(Policy):
+    """Batched Tuple actions, as a custom policy returns them: one array per part."""
+
+    def compute_actions_from_input_dict(
+        self, input_dict: Any, explore: bool | None = None, timestep: int | None = None
+    ) -> Any:
+        rows = np.arange(len(input_dict["obs"]))
+        return (rows % 2, rows % 3), [], {}
+
+
+@pytest.mark.parametrize("num_envs", [1, 3])
+def test_tuple_actions_are_stored_one_pair_per_row(num_envs: int) -> None:
+    """With one sub-env of two agents a round has as many rows as the tuple has parts:
+    the actions are still the policy's two batched parts, not two rows."""
+    cfg = config(
+        TESTING + "TupleActionEnv", num_envs=num_envs, rollout_fragment_length=5,
+        policies={"shared": {"policy_class": "tests.test_runner_semantics:TuplePolicy"}},
+    )
+    with EnvRunner(cfg) as runner:
+        batch = runner.sample()
+    check_batch_invariants(batch, rollout_fragment_length=5)
+    actions = batch.policy_batches["shared"]["actions"]
+    assert actions.dtype == object and len(actions) == 2 * num_envs * 5
+    space = gym.spaces.Tuple((gym.spaces.Discrete(2), gym.spaces.Discrete(3)))
+    assert all(space.contains(tuple(np.int64(part) for part in pair)) for pair in actions)
 
 
 def test_sample_by_agent_steps_and_no_mask_column_without_masks() -> None:

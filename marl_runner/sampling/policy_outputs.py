@@ -122,11 +122,14 @@ def stored_columns(rows: AgentRows) -> dict[str, Any]:
 
 
 def _as_column(value: Any, num_rows: int) -> np.ndarray:
+    """A policy output as one column: an array as it is, a list of per-row values stacked,
+    and a nested structure (a tuple or dict of batched arrays, as for a Tuple action
+    space) as one object per row. A tuple is always a structure, also when it has as many
+    parts as the round has rows."""
     if isinstance(value, np.ndarray):
         return value
-    if isinstance(value, (list, tuple)) and len(value) == num_rows:
+    if isinstance(value, list) and len(value) == num_rows:
         return np.asarray(value)
-    # Nested action structures are stored one structure per row.
     rows = np.empty(num_rows, object)
     rows[:] = _split_rows(value, num_rows)
     return rows

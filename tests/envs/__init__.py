@@ -36,6 +36,7 @@ from tests.envs.space_envs import (
     DictObsEnv,
     MaskInfoEnv,
     MultiDiscreteEnv,
+    TupleActionEnv,
 )
 
 __all__ = [
@@ -57,6 +58,7 @@ __all__ = [
     "ScriptedEnv",
     "SpawningAgentsEnv",
     "TimeLimitEnv",
+    "TupleActionEnv",
     "TurnBasedEnv",
     "action_mask",
     "assert_identical",

@@ -113,3 +113,22 @@ class MultiDiscreteEnv(ScriptedEnv):
             or not np.all((value >= 0) & (value < space.nvec))
         ):
             raise ValueError(f"MultiDiscreteEnv: action {action!r} of {agent!r} is not in {space}")
+
+
+class TupleActionEnv(ScriptedEnv):
+    """Tuple(Discrete(2), Discrete(3)) actions, which no built-in policy draws (a custom
+    policy's); rejects any action that is not a pair in the space."""
+
+    def __init__(self, episode_len: int = 5) -> None:
+        super().__init__(
+            every_round_script(AGENTS, episode_len),
+            AGENTS,
+            action_space=gym.spaces.Tuple((gym.spaces.Discrete(2), gym.spaces.Discrete(3))),
+        )
+
+    def _check_action(self, agent: AgentID, action: Any) -> None:
+        space = self.get_action_space(agent)
+        if not (isinstance(action, tuple) and len(action) == 2 and space.contains(
+            tuple(np.int64(part) for part in action)
+        )):
+            raise ValueError(f"TupleActionEnv: action {action!r} of {agent!r} is not in {space}")
