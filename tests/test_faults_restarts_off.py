@@ -62,6 +62,30 @@ def test_ten_samples_in_a_row_each_work_or_raise_in_time(tmp_path, vectorize, fa
         assert outcomes == ["raised"] * 10  # the dead worker's sub-env can never be reset
 
 
+@pytest.mark.timeout(120)
+def test_a_dead_workers_sub_envs_are_tried_once_then_raise_as_gone(tmp_path):
+    """Worker 1 of two (sub-envs 2 and 3) hangs past the step timeout and is killed.
+    Its two episodes and one reset each are faulty; later calls raise at once that the
+    sub-env is gone, without trying (and counting) another reset."""
+    env_config = {"crash_step": 3, "fault": "hang", "hang_s": 30.0, "episode_len": 10,
+                  "fault_token": str(tmp_path / "fault-token")}
+    cfg = config(
+        "tests.envs:CrashingEnv", env_config=env_config, vectorize="subprocess",
+        num_envs=4, num_workers=2, restart_failed_sub_environments=False,
+        sub_env_step_timeout_s=STEP_TIMEOUT_S, seed=1,
+    )
+    with EnvRunner(cfg) as runner:
+        with pytest.raises(SubEnvError, match="sub_env_step_timeout_s") as first:
+            runner.sample()
+        dead = {first.value.env_id, first.value.env_id ^ 1}  # it and its worker mate
+        for _ in range(5):
+            with pytest.raises(SubEnvError, match="is gone .* build a new runner") as later:
+                runner.sample()
+            assert later.value.env_id in dead
+        metrics = runner.get_metrics()
+    assert metrics["num_faulty_episodes"] == 4, metrics["faults"]
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("vectorize", ["sync", "subprocess"])
 def test_resets_that_raise_are_retried_each_call_never_a_loop(vectorize):

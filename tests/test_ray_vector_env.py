@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from marl_runner import EnvRunner, check_batch_invariants
+from marl_runner import EnvRunner, SubEnvError, check_batch_invariants
 from tests.runner_helpers import config
 from tests.test_ray_envs import check_complete_episodes, episodes_per_env, timed_config
 
@@ -90,6 +90,23 @@ def test_killed_env_actor_is_a_faulty_sub_env_and_is_recreated(ray_local) -> Non
         ids = check_complete_episodes(batch, 6)
         assert not seen & ids, "an episode was handed out twice"
         seen |= ids
+
+
+def test_killed_env_actor_with_restarts_off_raises_then_is_gone(ray_local) -> None:
+    cfg = timed_config(
+        vectorize="ray", num_envs=2, seed=3, restart_failed_sub_environments=False,
+        env_config={"episode_len": 6, "step_delay_s": 0.005},
+    )
+    with EnvRunner(cfg) as runner:
+        runner.sample(num_episodes=2)
+        ray_local.kill(runner.env.actors[1], no_restart=True)
+        with pytest.raises(SubEnvError, match="restart_failed_sub_environments is off"):
+            runner.sample(num_episodes=2)
+        faulty = runner.get_metrics()["num_faulty_episodes"]
+        for _ in range(3):  # no reset is tried again, none counted
+            with pytest.raises(SubEnvError, match="sub-env 1: is gone"):
+                runner.sample(num_episodes=2)
+        assert runner.get_metrics()["num_faulty_episodes"] == 0 < faulty
 
 
 def test_sub_env_slower_than_the_timeout_is_faulty(ray_local) -> None:

@@ -1,4 +1,4 @@
-"""The one error type of the envs package."""
+"""The error types of the envs package: EnvError and the failures a runner tells apart."""
 
 from __future__ import annotations
 
@@ -17,6 +17,15 @@ class SubEnvTimeoutError(EnvError):
 
     It is that sub-env's failure entry in `poll` (its worker was killed), so
     that a hung simulator costs one episode, not the run.
+    """
+
+
+class SubEnvGoneError(EnvError):
+    """A sub-env that cannot step or reset again until it is recreated: its worker
+    process or Ray actor is gone.
+
+    With `restart_failed_sub_environments` off, the runner raises it at the sub-env's
+    next reset instead of retrying a reset that cannot succeed.
     """
 
 

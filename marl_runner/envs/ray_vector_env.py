@@ -12,7 +12,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from marl_runner.envs.base_env import BaseEnv, EnvID, PollDicts, ResetSeeds, put_failure, put_reset
 from marl_runner.envs.checks import check_reset_result, check_step_result
-from marl_runner.envs.errors import EnvError
+from marl_runner.envs.errors import EnvError, SubEnvGoneError
 from marl_runner.envs.multi_agent_env import AgentID, MultiAgentDict, MultiAgentEnv
 from marl_runner.ray_support import init_ray
 
@@ -346,6 +346,8 @@ def _as_env_failure(env_id: EnvID, kind: str, error: Exception) -> Exception:
     """The env's own exception where it raised one; else an EnvError naming the death."""
     if isinstance(error, RayTaskError):
         return error.as_instanceof_cause()
+    if isinstance(error, RayActorError):  # actors are made with max_restarts=0: gone for good
+        return SubEnvGoneError(f"sub-env {env_id}: its Ray actor died during {kind}: {error}")
     return EnvError(f"sub-env {env_id}: its Ray actor died during {kind}: {error}")
 
 

@@ -19,7 +19,7 @@ from marl_runner.envs.base_env import (
     ResetSeeds,
     close_quietly,
 )
-from marl_runner.envs.errors import EnvError
+from marl_runner.envs.errors import EnvError, SubEnvGoneError
 from marl_runner.envs.multi_agent_env import AgentID, MultiAgentDict, MultiAgentEnv
 from marl_runner.envs.step_block import materialize
 from marl_runner.envs.subprocess_cpu import current_cpu
@@ -308,9 +308,8 @@ class SubprocessVectorEnv(BaseEnv):
             return self._replies.reset_outcome(env_id, prefetched)
         worker = self._workers[self._worker_of_env[env_id]]
         if not worker.alive:
-            # A failed reset, as BaseEnv says: the runner drops it, retries a bounded
-            # number of times, then raises, keeping the other sub-envs' data.
-            return EnvError(
+            # A failed reset, as BaseEnv says; one the runner does not retry (restarts off).
+            return SubEnvGoneError(
                 f"sub-env {env_id} cannot be reset: its worker {worker.index} died; "
                 "enable restart_failed_sub_environments to recreate it"
             ), {}

@@ -18,6 +18,7 @@ import numpy as np
 
 from marl_runner.callbacks import Callbacks
 from marl_runner.envs import BaseEnv
+from marl_runner.envs.errors import SubEnvGoneError
 from marl_runner.metrics import MetricsCollector, RolloutMetrics
 from marl_runner.sampling.episode import AgentSlot, MultiAgentEpisode
 from marl_runner.sampling.episode_ids import EpisodeIds
@@ -95,6 +96,8 @@ class EpisodeLifecycle:
         self.untrained_env_ids: set[int] = set()
         self._untrained_ended: list[MultiAgentEpisode] = []
         self._reset_failures: dict[int, int] = {}
+        # Sub-envs that cannot be reset again (restarts off), with the error that said so.
+        self._gone: dict[int, SubEnvGoneError] = {}
         self._episode_failures: dict[int, int] = {}
 
     # ---- events
@@ -213,6 +216,8 @@ class EpisodeLifecycle:
         failures = self._episode_failures.get(env_id, 0) + 1
         self._episode_failures[env_id] = failures
         if not self._restart:
+            if isinstance(error, SubEnvGoneError):  # its next reset raises, without a try
+                self._gone[env_id] = error
             raise SubEnvError(
                 env_id, "failed and restart_failed_sub_environments is off; its episode was "
                 "dropped, the other sub-envs' data is kept; original error below", error,
@@ -228,6 +233,10 @@ class EpisodeLifecycle:
     def reset(self, env_id: int, outputs: list) -> tuple[MultiAgentEpisode, dict, dict] | None:
         """Resets the sub-env (retrying failed resets); its new episode and reset obs,
         or None when the obs arrive in a later poll."""
+        if env_id in self._gone:
+            # (Its last reset may have failed in a poll: it is no longer awaited.)
+            self.awaiting_reset.discard(env_id)
+            raise self._gone_error(env_id)
         while True:
             episode = self._create(env_id)
             try:
@@ -246,6 +255,10 @@ class EpisodeLifecycle:
             failures = self._reset_failures.get(env_id, 0) + 1
             self._reset_failures[env_id] = failures
             outputs.append(self.drop(env_id, error))
+            if isinstance(error, SubEnvGoneError) and not self._restart:
+                # Retrying cannot help, and each try would count another faulty episode.
+                self._gone[env_id] = error
+                raise self._gone_error(env_id)
             if failures >= self._max_reset_failures:
                 raise SubEnvError(
                     env_id, f"failed to reset {failures} times in a row "
@@ -256,6 +269,13 @@ class EpisodeLifecycle:
                 self._metrics.num_sub_env_restarts += 1
 
     # ---- helpers
+
+    def _gone_error(self, env_id: int) -> SubEnvError:
+        return SubEnvError(
+            env_id, "is gone (its worker process or actor died) and "
+            "restart_failed_sub_environments is off, so it cannot be reset; build a new runner "
+            "or turn restarts on; the other sub-envs' data is kept", self._gone[env_id],
+        )
 
     def _new_episode(self, env_id: int) -> MultiAgentEpisode:
         return MultiAgentEpisode(
