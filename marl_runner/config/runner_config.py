@@ -108,7 +108,8 @@ class RunnerConfig:
     restart_failed_sub_environments: bool = _key(
         False,
         "Recreate a crashed sub-env and go on (its episode is dropped as faulty); false "
-        "raises the sub-env's error from sample()/step().",
+        "raises the sub-env's error from sample()/step(); a sub-env whose worker process or "
+        "Ray actor died is then gone, and each later call raises at once that it is.",
     )
     fake_obs: str = _key(
         "zeros",
