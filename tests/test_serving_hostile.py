@@ -237,14 +237,15 @@ def test_many_open_connections_take_no_thread_each_and_idle_ones_time_out():
 
 
 def test_requests_over_the_concurrency_limit_get_503_with_retry_after():
-    # The waiting request holds the only slot until the first episode times out: long
-    # enough for the health request below even on a loaded machine (4 s once was not, in
-    # a CI run of make test).
-    config = serve_config(num_envs=1, external_episode_timeout_s=8.0)
+    # The waiting request holds the only slot until the first episode times out (never,
+    # in this test: 4 s once was too short for the health request below in a CI run of
+    # make test) or the server stops, which answers it.
+    config = serve_config(num_envs=1, external_episode_timeout_s=120.0)
+    waiting: list = []
     with served(config, max_concurrency=1) as handle:
         status, first = handle.post_json("start_episode", {})
         assert status == 200
-        waiting: list = []  # waits for the only slot: the only request handled at once
+        # It waits for the only episode: the only request handled at once.
         thread = threading.Thread(target=lambda: waiting.append(handle.post_json("start_episode", {})))
         thread.start()
         wait_for(lambda: handle.server._in_progress == 1)
@@ -255,8 +256,10 @@ def test_requests_over_the_concurrency_limit_get_503_with_retry_after():
         answer = json.loads(response.read())
         assert response.status == 503 and response.getheader("Retry-After") == "1", answer
         connection.close()
-        thread.join(30)  # answered once the first episode timed out (a slot, or 503)
-        assert waiting and first["episode_id"]
+    thread.join(30)
+    assert first["episode_id"]
+    [(status, answer)] = waiting  # answered, not left hanging, when the server stopped
+    assert status == 503 and "stopped" in answer["error"], answer
 
 
 # ---------------------------------------------------------- the value checks themselves
