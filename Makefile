@@ -28,12 +28,15 @@ run: $(STAMP)
 
 # The default suite, on two pytest-xdist workers (under 3 minutes on 2 cores); `test-all`
 # runs everything, the slow tests too (soaks, Ray cluster start-ups, long runs), one at a
-# time. CI runs both.
+# time. CI runs both. Bytecode is cached even where the shell says not to
+# (PYTHONDONTWRITEBYTECODE): without it, every pytest worker compiles and assert-rewrites
+# each test module again, and every command a test starts compiles the package again.
+TEST_ENV := PYTHONDONTWRITEBYTECODE=
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow" -n 2
+	$(TEST_ENV) $(BIN)/python -m pytest -q -m "not slow" -n 2
 
 test-all: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(TEST_ENV) $(BIN)/python -m pytest -q
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
