@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import pickle
 import time
 
 import numpy as np
 import pytest
 import torch
 
+from marl_runner import SubEnvError
 from marl_runner.checks import check_batch_invariants
 from marl_runner.distributed import EnvRunnerGroup, EnvRunnerGroupError
-from tests.runner_helpers import FailsOnceAtThirdEpisodeEnd, FailsPostprocessingWhenTold
+from tests.runner_helpers import (
+    FailsOnceAtThirdEpisodeEnd,
+    FailsPostprocessingWhenTold,
+    config,
+)
 from tests.test_ray_envs import check_complete_episodes, recorded_obs, timed_config
 
 RUNNER_CPUS = 0.5  # two runners (and a restarted one) fit the fixture's 2 CPUs
@@ -255,6 +261,42 @@ def test_a_runner_whose_sample_raises_hands_over_its_finished_episodes(
     # The steps of the two dropped episodes were sampled too (metrics count them).
     assert metrics["num_env_steps"] == batch.env_steps() + 2 * episode_len
     assert rest.env_steps() == 0
+
+
+def test_a_sub_env_crash_with_restarts_off_restarts_its_runner(ray_local, tmp_path) -> None:
+    """The default (restarts off): one sub-env of one runner crashes, so that runner's
+    sample raises SubEnvError. It reaches the driver whole (it used to arrive as Ray's
+    UnserializableException, which the group did not handle), and the runner is
+    replaced like any runner whose sample raised."""
+    cfg = config(
+        "tests.envs:CrashingEnv", num_envs=2, seed=1, restart_failed_sub_environments=False,
+        env_config={"crash_step": 3, "episode_len": 10, "fault_token": str(tmp_path / "token")},
+    )
+    with _group(cfg, max_restarts=1) as group:
+        batch = group.sample()
+        faults = list(group.faults)
+        healthy = group.healthy_runner_ids()
+    assert len(faults) == 1 and faults[0].restarted, faults
+    assert "its sample raised SubEnvError: sub-env" in faults[0].error
+    assert "restart_failed_sub_environments is off" in faults[0].error
+    assert healthy == [1, 2]
+    check_batch_invariants(batch)
+
+
+def test_sub_env_errors_pickle_whole() -> None:
+    """Also with a cause that does not pickle (its traceback stays in the message)."""
+
+    class TwoArguments(Exception):
+        def __init__(self, first: int, second: int) -> None:
+            super().__init__(first)
+
+    for cause in (ValueError("bad obs"), TwoArguments(1, 2), None):
+        error = SubEnvError(3, "failed", cause)
+        copy = pickle.loads(pickle.dumps(error))
+        assert (type(copy), copy.env_id, str(copy)) == (SubEnvError, 3, str(error))
+    assert repr(pickle.loads(pickle.dumps(SubEnvError(0, "m", ValueError("x")))).__cause__) == (
+        "ValueError('x')"
+    )
 
 
 def test_a_flush_that_raises_in_one_runner_keeps_the_others(ray_local) -> None:

@@ -254,31 +254,65 @@ def test_action_and_observation_spaces(env: str) -> None:
             assert shared["action_mask"][np.arange(len(flat)), flat].all()
 
 
-class TuplePolicy(Policy):
-    """Batched Tuple actions, as a custom policy returns them: one array per part."""
+class ShapedOutputsPolicy(Policy):
+    """A custom policy's outputs in the shapes the runner takes besides arrays, chosen by
+    ``config["outputs"]``: Tuple actions as a tuple or list of batched parts, Discrete
+    actions as a list of per-row ints (with a tuple of per-row floats as an extra
+    output), or an extra output of the wrong kind."""
 
     def compute_actions_from_input_dict(
         self, input_dict: Any, explore: bool | None = None, timestep: int | None = None
     ) -> Any:
         rows = np.arange(len(input_dict["obs"]))
-        return (rows % 2, rows % 3), [], {}
+        outputs = self.config["outputs"]
+        if outputs == "tuple_of_parts":
+            return (rows % 2, rows % 3), [], {}
+        if outputs == "list_of_parts":
+            return [rows % 2, rows % 3], [], {}
+        if outputs == "per_row":
+            return (rows % 2).tolist(), [], {"score": tuple(rows * 0.5)}
+        return rows % 2, [], {"score": 0.5}  # one number for all rows: refused
 
 
-@pytest.mark.parametrize("num_envs", [1, 3])
-def test_tuple_actions_are_stored_one_pair_per_row(num_envs: int) -> None:
-    """With one sub-env of two agents a round has as many rows as the tuple has parts:
-    the actions are still the policy's two batched parts, not two rows."""
-    cfg = config(
-        TESTING + "TupleActionEnv", num_envs=num_envs, rollout_fragment_length=5,
-        policies={"shared": {"policy_class": "tests.test_runner_semantics:TuplePolicy"}},
+def _shaped_outputs_config(env: str, outputs: str, num_envs: int) -> Any:
+    return config(
+        TESTING + env, num_envs=num_envs, rollout_fragment_length=5,
+        policies={"shared": {"policy_class": "tests.test_runner_semantics:ShapedOutputsPolicy",
+                             "config": {"outputs": outputs}}},
     )
-    with EnvRunner(cfg) as runner:
+
+
+@pytest.mark.parametrize("outputs", ["tuple_of_parts", "list_of_parts"])
+@pytest.mark.parametrize("num_envs", [1, 3])
+def test_tuple_actions_are_stored_one_pair_per_row(num_envs: int, outputs: str) -> None:
+    """With one sub-env of two agents a round has as many rows as the tuple has parts:
+    the actions are still the policy's two batched parts, not two rows, and each row
+    stores the pair its agent was sent."""
+    env = "TupleActionEnv" if outputs == "tuple_of_parts" else "ListPairActionEnv"
+    with EnvRunner(_shaped_outputs_config(env, outputs, num_envs)) as runner:
         batch = runner.sample()
     check_batch_invariants(batch, rollout_fragment_length=5)
-    actions = batch.policy_batches["shared"]["actions"]
+    shared = batch.policy_batches["shared"]
+    actions = shared["actions"]
     assert actions.dtype == object and len(actions) == 2 * num_envs * 5
     space = gym.spaces.Tuple((gym.spaces.Discrete(2), gym.spaces.Discrete(3)))
     assert all(space.contains(tuple(np.int64(part) for part in pair)) for pair in actions)
+    # ShapedOutputsPolicy gives row i of a round (i % 2, i % 3): the parts differ per row.
+    assert {tuple(int(part) for part in pair) for pair in actions} != {(0, 0)}
+
+
+def test_per_row_lists_and_tuples_are_columns_of_their_values() -> None:
+    with EnvRunner(_shaped_outputs_config("CheapEnv", "per_row", 1)) as runner:
+        batch = runner.sample()
+    shared = batch.policy_batches["shared"]
+    assert shared["actions"].dtype == np.int64 and set(shared["actions"]) == {0, 1}
+    assert shared["score"].dtype == np.float64 and len(shared["score"]) == len(shared)
+
+
+def test_an_output_that_is_not_one_value_per_row_is_refused_by_name() -> None:
+    with EnvRunner(_shaped_outputs_config("CheapEnv", "scalar_extra", 1)) as runner:
+        with pytest.raises(ValueError, match="policy 'shared': its output 'score' is a float"):
+            runner.sample()
 
 
 def test_sample_by_agent_steps_and_no_mask_column_without_masks() -> None:

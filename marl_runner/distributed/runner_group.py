@@ -439,13 +439,16 @@ class EnvRunnerGroup:
         runner_id, _ = self._in_flight.pop(ref)
         try:
             batch, metrics = ray.get(ref)
-        except ray.exceptions.RayTaskError as error:  # the sample raised: the runner lives
+        except ray.exceptions.RayActorError as error:
+            self._restart(runner_id, _describe(error))
+            return None, runner_id
+        except ray.exceptions.RayError as error:
+            # The sample raised (a RayTaskError; or its error could not be sent back, say
+            # an exception the driver cannot unpickle): the runner lives, and hands over
+            # what it holds before it is replaced.
             handed_over = self._salvage(runner_id)
             cause = _describe_cause(error)
             self._restart(runner_id, f"its sample raised {cause} ({handed_over})")
-            return None, runner_id
-        except ray.exceptions.RayActorError as error:
-            self._restart(runner_id, _describe(error))
             return None, runner_id
         self._note_sample(batch, metrics)
         return batch, runner_id
@@ -489,13 +492,13 @@ class EnvRunnerGroup:
         for runner_id, ref in refs.items():
             try:
                 results[runner_id] = ray.get(ref)
-            except ray.exceptions.RayTaskError as error:
+            except ray.exceptions.RayActorError as error:
+                self._restart(runner_id, _describe(error))
+            except ray.exceptions.RayError as error:  # the call raised; the runner lives
                 if not replace_raising:
                     raise
                 cause = _describe_cause(error)
                 self._restart(runner_id, f"its {method} raised {cause} (what it held is lost)")
-            except ray.exceptions.RayActorError as error:
-                self._restart(runner_id, _describe(error))
         return results
 
     def _restart(self, runner_id: int, reason: str) -> None:

@@ -9,6 +9,7 @@ raises instead of looping.
 from __future__ import annotations
 
 import logging
+import pickle
 import traceback
 from collections.abc import Callable
 from operator import attrgetter
@@ -49,6 +50,28 @@ class SubEnvError(RuntimeError):
             detail = "\n" + "".join(traceback.format_exception(cause)).rstrip()
         super().__init__(f"sub-env {env_id}: {message}{detail}")
         self.__cause__ = cause
+
+    def __reduce__(self) -> tuple:
+        """Pickled as it reads (a remote runner's error reaches the driver whole); the
+        cause goes with it where it pickles (its traceback is in the message anyway)."""
+        return _restore_sub_env_error, (type(self), self.env_id, self.args[0], _picklable(self.__cause__))
+
+
+def _restore_sub_env_error(
+    cls: type[SubEnvError], env_id: int, text: str, cause: BaseException | None
+) -> SubEnvError:
+    error = cls.__new__(cls)
+    RuntimeError.__init__(error, text)
+    error.env_id, error.__cause__ = env_id, cause
+    return error
+
+
+def _picklable(error: BaseException | None) -> BaseException | None:
+    try:
+        pickle.loads(pickle.dumps(error))
+    except Exception:
+        return None
+    return error
 
 
 class EpisodeLifecycle:

@@ -104,7 +104,9 @@ def run_action_connectors(
         action_rows = action_rows.replace(actions=columns["actions"])
     entry.agent_pipeline.on_policy_output(action_rows)
     num_rows = len(rows)
-    return {name: _as_column(value, num_rows) for name, value in columns.items()}
+    return {
+        name: _as_column(value, num_rows, entry.policy_id, name) for name, value in columns.items()
+    }
 
 
 def stored_columns(rows: AgentRows) -> dict[str, Any]:
@@ -121,24 +123,49 @@ def stored_columns(rows: AgentRows) -> dict[str, Any]:
     return chunk
 
 
-def _as_column(value: Any, num_rows: int) -> np.ndarray:
-    """A policy output as one column: an array as it is, a list of per-row values stacked,
-    and a nested structure (a tuple or dict of batched arrays, as for a Tuple action
-    space) as one object per row. A tuple is always a structure, also when it has as many
-    parts as the round has rows."""
+def _as_column(value: Any, num_rows: int, policy_id: str, name: str) -> np.ndarray:
+    """A policy output as one column: an array as it is, a nested structure of batched
+    arrays (a tuple, list or dict of them, as for a Tuple action space) as one structure
+    per row, and a sequence of per-row values stacked."""
     if isinstance(value, np.ndarray):
         return value
-    if isinstance(value, list) and len(value) == num_rows:
+    if _is_batched_structure(value, num_rows):
+        rows = np.empty(num_rows, object)
+        rows[:] = _split_rows(value, num_rows)
+        return rows
+    if isinstance(value, list | tuple) and len(value) == num_rows:
         return np.asarray(value)
-    rows = np.empty(num_rows, object)
-    rows[:] = _split_rows(value, num_rows)
-    return rows
+    raise ValueError(
+        f"policy {policy_id!r}: its output {name!r} is {_describe(value)}; expected one value "
+        f"per row of the {num_rows}: an array [{num_rows}, ...], a tuple or dict of such "
+        "arrays, or a list of the per-row values"
+    )
+
+
+def _is_batched_structure(value: Any, num_rows: int) -> bool:
+    """Whether `value` is a tuple, list or dict whose every leaf is an array with a row
+    per agent (not a sequence of per-row values, whose leaves are scalars)."""
+    if not isinstance(value, tuple | list | dict):
+        return False
+    leaves = tree.flatten(value)
+    return bool(leaves) and all(
+        type(leaf) is np.ndarray and leaf.ndim and len(leaf) == num_rows for leaf in leaves
+    )
+
+
+def _describe(value: Any) -> str:
+    length = f" of {len(value)}" if isinstance(value, list | tuple | dict) else ""
+    return f"a {type(value).__name__}{length}"
 
 
 def _split_rows(actions: Any, num_rows: int) -> list:
-    """Per-row values of an action batch: plain Python ints for Discrete, views otherwise."""
+    """Per-row values of an action batch: plain Python ints for Discrete, views otherwise;
+    one structure per row of a structure of batched arrays; a list of per-row values as
+    it is."""
     if isinstance(actions, np.ndarray):
         return actions.tolist() if actions.ndim == 1 else list(actions)
+    if not _is_batched_structure(actions, num_rows) and isinstance(actions, list | tuple):
+        return list(actions)
     flat = tree.flatten(actions)
     return [tree.unflatten_as(actions, [leaf[i] for leaf in flat]) for i in range(num_rows)]
 

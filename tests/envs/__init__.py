@@ -34,6 +34,7 @@ from tests.envs.random_play import (
 from tests.envs.space_envs import (
     BoxActionEnv,
     DictObsEnv,
+    ListPairActionEnv,
     MaskInfoEnv,
     MultiDiscreteEnv,
     TupleActionEnv,
@@ -49,6 +50,7 @@ __all__ = [
     "RewardedBeforeAndAfterEnv",
     "EpisodeRecord",
     "MalformedEnv",
+    "ListPairActionEnv",
     "MaskInfoEnv",
     "MultiDiscreteEnv",
     "NoObsEnv",

@@ -132,3 +132,11 @@ class TupleActionEnv(ScriptedEnv):
             tuple(np.int64(part) for part in action)
         )):
             raise ValueError(f"TupleActionEnv: action {action!r} of {agent!r} is not in {space}")
+
+
+class ListPairActionEnv(TupleActionEnv):
+    """TupleActionEnv that takes a list pair too (as ``gym.spaces.Tuple.contains`` does):
+    a policy returning its parts as a list sends lists."""
+
+    def _check_action(self, agent: AgentID, action: Any) -> None:
+        super()._check_action(agent, tuple(action) if isinstance(action, list) else action)
