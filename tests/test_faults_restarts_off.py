@@ -78,12 +78,16 @@ def test_a_dead_workers_sub_envs_are_tried_once_then_raise_as_gone(tmp_path):
         with pytest.raises(SubEnvError, match="sub_env_step_timeout_s") as first:
             runner.sample()
         dead = {first.value.env_id, first.value.env_id ^ 1}  # it and its worker mate
+        sent: list[set] = []
+        send = runner.env.send_actions
+        runner.env.send_actions = lambda actions: (sent.append(set(actions)), send(actions))[1]
         for _ in range(5):
             with pytest.raises(SubEnvError, match="is gone .* build a new runner") as later:
                 runner.sample()
             assert later.value.env_id in dead
         metrics = runner.get_metrics()
     assert metrics["num_faulty_episodes"] == 4, metrics["faults"]
+    assert sent and not any(env_ids & dead for env_ids in sent)  # nothing sent to them
 
 
 @pytest.mark.timeout(60)

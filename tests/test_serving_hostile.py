@@ -236,17 +236,24 @@ def test_many_open_connections_take_no_thread_each_and_idle_ones_time_out():
                 sock.close()
 
 
+def _append_answer_or_error(handle: Any, answers: list) -> None:
+    try:
+        answers.append(handle.post_json("start_episode", {}))
+    except Exception as error:  # shown by the test's assertion, not lost in the thread
+        answers.append(error)
+
+
 def test_requests_over_the_concurrency_limit_get_503_with_retry_after():
-    # The waiting request holds the only slot until the first episode times out (never,
-    # in this test: 4 s once was too short for the health request below in a CI run of
-    # make test) or the server stops, which answers it.
+    # The second request waits in the only slot for the only episode until that episode
+    # times out (never, in this test: 4 s once was too short for the health request below
+    # in a CI run of make test) or the server stops, which answers it.
     config = serve_config(num_envs=1, external_episode_timeout_s=120.0)
     waiting: list = []
     with served(config, max_concurrency=1) as handle:
         status, first = handle.post_json("start_episode", {})
         assert status == 200
         # It waits for the only episode: the only request handled at once.
-        thread = threading.Thread(target=lambda: waiting.append(handle.post_json("start_episode", {})))
+        thread = threading.Thread(target=_append_answer_or_error, args=(handle, waiting))
         thread.start()
         wait_for(lambda: handle.server._in_progress == 1)
         host, port = handle.server.server_address_tuple()
@@ -258,6 +265,7 @@ def test_requests_over_the_concurrency_limit_get_503_with_retry_after():
         connection.close()
     thread.join(30)
     assert first["episode_id"]
+    assert len(waiting) == 1 and isinstance(waiting[0], tuple), waiting
     [(status, answer)] = waiting  # answered, not left hanging, when the server stopped
     assert status == 503 and "stopped" in answer["error"], answer
 

@@ -1,7 +1,7 @@
 """Envs: the MultiAgentEnv API, PettingZoo adapters, env registry and vector envs."""
 
 from marl_runner.envs.base_env import BaseEnv
-from marl_runner.envs.errors import EnvError
+from marl_runner.envs.errors import EnvError, SubEnvGoneError
 from marl_runner.envs.external_env import ExternalMultiAgentEnv
 from marl_runner.envs.multi_agent_env import MultiAgentEnv
 from marl_runner.envs.pettingzoo_wrappers import AECPettingZooEnv, ParallelPettingZooEnv
@@ -18,6 +18,7 @@ __all__ = [
     "ExternalMultiAgentEnv",
     "MultiAgentEnv",
     "ParallelPettingZooEnv",
+    "SubEnvGoneError",
     "SubprocessVectorEnv",
     "SyncVectorEnv",
     "VectorBuild",

@@ -64,7 +64,9 @@ class BaseEnv(abc.ABC):
         Returns `(obs, infos)` now, or None when the reset obs will arrive in
         a later poll. When the reset raised, `obs` is that Exception and
         `infos` is empty (the same convention as `poll`); the runner counts it
-        as a faulty episode and tries again.
+        as a faulty episode and tries again, up to `max_consecutive_reset_failures`
+        times. A `SubEnvGoneError` there (its process or actor is gone) is not
+        tried again while restarts are off.
         """
 
     def try_restart(self, env_id: EnvID) -> None:

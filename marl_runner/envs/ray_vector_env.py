@@ -8,6 +8,7 @@ from typing import Any
 
 import gymnasium as gym
 import ray
+import ray.exceptions
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from marl_runner.envs.base_env import BaseEnv, EnvID, PollDicts, ResetSeeds, put_failure, put_reset
@@ -342,11 +343,16 @@ class RayVectorEnv(BaseEnv):
             self._crashed.add(env_id)
 
 
+#: A dead actor, not one that is only unreachable for now (ActorUnavailableError, also a
+#: RayActorError); Ray before 2.10 has no such split.
+_ACTOR_DIED = getattr(ray.exceptions, "ActorDiedError", RayActorError)
+
+
 def _as_env_failure(env_id: EnvID, kind: str, error: Exception) -> Exception:
     """The env's own exception where it raised one; else an EnvError naming the death."""
     if isinstance(error, RayTaskError):
         return error.as_instanceof_cause()
-    if isinstance(error, RayActorError):  # actors are made with max_restarts=0: gone for good
+    if isinstance(error, _ACTOR_DIED):  # actors are made with max_restarts=0: gone for good
         return SubEnvGoneError(f"sub-env {env_id}: its Ray actor died during {kind}: {error}")
     return EnvError(f"sub-env {env_id}: its Ray actor died during {kind}: {error}")
 

@@ -119,8 +119,9 @@ class EpisodeLifecycle:
         self.untrained_env_ids: set[int] = set()
         self._untrained_ended: list[MultiAgentEpisode] = []
         self._reset_failures: dict[int, int] = {}
-        # Sub-envs that cannot be reset again (restarts off), with the error that said so.
-        self._gone: dict[int, SubEnvGoneError] = {}
+        #: Sub-envs that cannot be reset again (restarts off), with the error that said so:
+        #: never sent actions again; each step raises that they are gone.
+        self.gone: dict[int, SubEnvGoneError] = {}
         self._episode_failures: dict[int, int] = {}
 
     # ---- events
@@ -240,7 +241,7 @@ class EpisodeLifecycle:
         self._episode_failures[env_id] = failures
         if not self._restart:
             if isinstance(error, SubEnvGoneError):  # its next reset raises, without a try
-                self._gone[env_id] = error
+                self.gone[env_id] = error
             raise SubEnvError(
                 env_id, "failed and restart_failed_sub_environments is off; its episode was "
                 "dropped, the other sub-envs' data is kept; original error below", error,
@@ -256,7 +257,7 @@ class EpisodeLifecycle:
     def reset(self, env_id: int, outputs: list) -> tuple[MultiAgentEpisode, dict, dict] | None:
         """Resets the sub-env (retrying failed resets); its new episode and reset obs,
         or None when the obs arrive in a later poll."""
-        if env_id in self._gone:
+        if env_id in self.gone:
             # (Its last reset may have failed in a poll: it is no longer awaited.)
             self.awaiting_reset.discard(env_id)
             raise self._gone_error(env_id)
@@ -280,7 +281,7 @@ class EpisodeLifecycle:
             outputs.append(self.drop(env_id, error))
             if isinstance(error, SubEnvGoneError) and not self._restart:
                 # Retrying cannot help, and each try would count another faulty episode.
-                self._gone[env_id] = error
+                self.gone[env_id] = error
                 raise self._gone_error(env_id)
             if failures >= self._max_reset_failures:
                 raise SubEnvError(
@@ -297,7 +298,7 @@ class EpisodeLifecycle:
         return SubEnvError(
             env_id, "is gone (its worker process or actor died) and "
             "restart_failed_sub_environments is off, so it cannot be reset; build a new runner "
-            "or turn restarts on; the other sub-envs' data is kept", self._gone[env_id],
+            "or turn restarts on; the other sub-envs' data is kept", self.gone[env_id],
         )
 
     def _new_episode(self, env_id: int) -> MultiAgentEpisode:

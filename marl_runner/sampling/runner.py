@@ -386,9 +386,11 @@ class EnvRunner:
             outputs.append(episodes.end(episode))
             to_reset.add(episode.env_id)
         self._reset_sub_envs(round_, sorted(to_reset), outputs)
-        awaiting = episodes.awaiting_reset
+        awaiting, gone = episodes.awaiting_reset, episodes.gone
         round_.env_ids = [
-            env_id for env_id in {**polled.obs, **dict.fromkeys(to_reset)} if env_id not in awaiting
+            env_id
+            for env_id in {**polled.obs, **dict.fromkeys(to_reset)}
+            if env_id not in awaiting and env_id not in gone
         ]
         return round_
 
