@@ -315,6 +315,28 @@ def test_an_output_that_is_not_one_value_per_row_is_refused_by_name() -> None:
             runner.sample()
 
 
+@pytest.mark.parametrize(
+    "backend", [{"vectorize": "sync"}, {"vectorize": "subprocess"},
+                {"vectorize": "subprocess", "async_poll": True}], ids=["sync", "subprocess", "async"]
+)
+def test_an_env_reusing_its_arrays_keeps_each_episodes_final_obs(backend: dict) -> None:
+    """The sub-env is reset in the step its episode ends, while the round still holds
+    the final obs: without a copy the reset wrote the next episode's first obs over it."""
+    length = 4
+    cfg = config(TESTING + "ReusedArraysEnv", num_envs=2, rollout_fragment_length=3 * length,
+                 env_config={"length": length}, seed=0, **backend)
+    with EnvRunner(cfg) as runner:
+        batch = runner.sample()
+    check_batch_invariants(batch)
+    shared = batch.policy_batches["shared"]
+    last = shared["truncateds"]
+    assert last.sum() >= 2 * 3 * 2  # 3 episodes (or more, async) of each sub-env, 2 agents
+    np.testing.assert_array_equal(shared["new_obs"][last, 0], length)
+    np.testing.assert_array_equal(shared["new_obs"][~last, 0], shared["t"][~last] + 1)
+    np.testing.assert_array_equal(shared["obs"][:, 0], shared["t"])
+    assert all(info["t"] == length for info in shared["infos"][last])
+
+
 def test_sample_by_agent_steps_and_no_mask_column_without_masks() -> None:
     cfg = config(TESTING + "CheapEnv", num_envs=2, rollout_fragment_length=10,
                  env_config={"num_agents": 3, "episode_len": 15})

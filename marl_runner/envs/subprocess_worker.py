@@ -21,6 +21,7 @@ from marl_runner.envs.base_env import EnvID, close_quietly
 from marl_runner.envs.checks import EnvOutputCheck, check_reset_result, check_step_result
 from marl_runner.envs.errors import EnvError
 from marl_runner.envs.multi_agent_env import MultiAgentDict, MultiAgentEnv
+from marl_runner.envs.owned_copies import owned_copy
 from marl_runner.envs.reply_columns import ReplyColumns
 from marl_runner.envs.shared_buffers import SlotBlock, layout_spec
 from marl_runner.envs.shared_obs import SharedObsWriter
@@ -127,6 +128,7 @@ class _SubEnvs:
                 apart.append(len(results))
                 result = self.request_checks.check_one(env_id, result)  # before its reset
                 if type(result) is tuple:
+                    result = owned_copy(result)  # the reset may reuse the env's arrays
                     resets[env_id] = self.reset(env_id, None, None, obs_writer)
             results.append(result)
         env_s = time.perf_counter() - start

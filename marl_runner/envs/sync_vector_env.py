@@ -19,6 +19,7 @@ from marl_runner.envs.base_env import (
 from marl_runner.envs.checks import EnvOutputCheck, check_reset_result, check_step_result
 from marl_runner.envs.errors import EnvError, EpisodeFault
 from marl_runner.envs.multi_agent_env import AgentID, MultiAgentDict, MultiAgentEnv
+from marl_runner.envs.owned_copies import owned_copy
 
 
 class SyncVectorEnv(BaseEnv):
@@ -120,6 +121,10 @@ class SyncVectorEnv(BaseEnv):
                     self._fail(ready, env_id, _interrupted(env_id, "step", interruption))
                     raise
                 stepped += 1
+                if terminateds.get("__all__") or truncateds.get("__all__"):  # reset next
+                    obs, rewards, terminateds, truncateds, infos = owned_copy(
+                        (obs, rewards, terminateds, truncateds, infos)
+                    )
                 ready[0][env_id] = obs
                 ready[1][env_id] = rewards
                 ready[2][env_id] = terminateds

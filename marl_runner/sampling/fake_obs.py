@@ -7,6 +7,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from marl_runner.envs.owned_copies import owned_copy
+
 
 def fake_final_obs(space: gym.Space, mode: str, last_obs: Any = None) -> Any:
     """``zeros`` (default), ``sample`` (RLlib's choice) or ``last`` (the agent's last obs),
@@ -18,21 +20,11 @@ def fake_final_obs(space: gym.Space, mode: str, last_obs: Any = None) -> Any:
     return zeros_like_space(space)
 
 
-def kept_copy(obs: Any) -> Any:
-    """``obs`` as the env gave it, for ``last`` mode: arrays copied and dicts and tuples
-    rebuilt, so that a connector changing the round's obs in place cannot change it."""
-    if isinstance(obs, np.ndarray):
-        return obs.copy()
-    if isinstance(obs, dict):
-        return {key: kept_copy(value) for key, value in obs.items()}
-    if isinstance(obs, tuple):
-        return tuple(kept_copy(value) for value in obs)
-    return obs
-
-
 def kept_copies(obs: dict) -> dict:
-    """``kept_copy`` of each agent's obs in an ``agent_id -> obs`` dict."""
-    return {agent_id: kept_copy(value) for agent_id, value in obs.items()}
+    """Each agent's obs as the env gave it, for ``last`` mode: arrays copied and dicts
+    and tuples rebuilt, so that a connector changing the round's obs in place (or the env
+    reusing its arrays) cannot change it."""
+    return {agent_id: owned_copy(value) for agent_id, value in obs.items()}
 
 
 def zeros_like_space(space: gym.Space) -> Any:

@@ -17,6 +17,7 @@ from tests.envs.crashing_env import CrashingEnv
 from tests.envs.lifecycle_envs import (
     DyingAgentsEnv,
     NoObsEnv,
+    ReusedArraysEnv,
     RewardedBeforeAndAfterEnv,
     SpawningAgentsEnv,
     TimeLimitEnv,
@@ -56,6 +57,7 @@ __all__ = [
     "NoObsEnv",
     "PadSpacesWrapper",
     "RandomFaultEnv",
+    "ReusedArraysEnv",
     "Round",
     "ScriptedEnv",
     "SpawningAgentsEnv",

@@ -6,7 +6,11 @@ chosen so that losing or doubling any one of them changes the totals.
 
 from __future__ import annotations
 
+import gymnasium as gym
+import numpy as np
+
 from marl_runner.bench.envs.scripted_env import Round, ScriptedEnv
+from marl_runner.envs.multi_agent_env import MultiAgentEnv
 
 
 class DyingAgentsEnv(ScriptedEnv):
@@ -150,3 +154,37 @@ class RewardedBeforeAndAfterEnv(ScriptedEnv):
                 )
             )
         super().__init__(script, self.AGENTS)
+
+
+class ReusedArraysEnv(MultiAgentEnv):
+    """Writes every obs into the same array per agent (as fast envs do) and returns the
+    same info dict per agent, updated in place: obs ``[t, agent index]``, episodes of
+    ``length`` rounds, truncated. Each episode's final obs (``t == length``) must reach
+    the batch, not the next episode's reset obs written over it."""
+
+    possible_agents = ["a0", "a1"]
+    observation_spaces = dict.fromkeys(
+        possible_agents, gym.spaces.Box(0.0, 100.0, (2,), np.float32)
+    )
+    action_spaces = dict.fromkeys(possible_agents, gym.spaces.Discrete(2))
+
+    def __init__(self, length: int = 4) -> None:
+        self.length, self.t = length, 0
+        self._obs = {agent: np.zeros(2, np.float32) for agent in self.possible_agents}
+        self._infos: dict = {agent: {} for agent in self.possible_agents}
+
+    def _output(self) -> tuple[dict, dict]:
+        for index, agent in enumerate(self.possible_agents):
+            self._obs[agent][:] = (self.t, index)
+            self._infos[agent]["t"] = self.t
+        return dict(self._obs), dict(self._infos)
+
+    def reset(self, seed: int | None = None, options: dict | None = None) -> tuple:
+        self.t = 0
+        return self._output()
+
+    def step(self, actions: dict) -> tuple:
+        self.t += 1
+        obs, infos = self._output()
+        over = self.t == self.length
+        return obs, dict.fromkeys(actions, 1.0), {"__all__": False}, {"__all__": over}, infos

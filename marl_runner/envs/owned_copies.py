@@ -1,0 +1,26 @@
+"""Copies of env output that the env cannot change afterwards."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+def owned_copy(value: Any) -> Any:
+    """``value`` with its arrays copied and its dicts, lists and tuples rebuilt.
+
+    Envs may write each step's obs into the same arrays, and keep the same info dicts:
+    the output of a step that ends an episode is copied before the sub-env is reset
+    (which would overwrite it while the runner still holds it). Mid-episode output needs
+    no copy: the runner stacks a round's obs before the next step.
+    """
+    if isinstance(value, np.ndarray):
+        return value.copy()
+    if isinstance(value, dict):
+        return {key: owned_copy(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [owned_copy(item) for item in value]
+    if isinstance(value, tuple):
+        return tuple(owned_copy(item) for item in value)
+    return value
