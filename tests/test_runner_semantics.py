@@ -337,6 +337,23 @@ def test_an_env_reusing_its_arrays_keeps_each_episodes_final_obs(backend: dict) 
     assert all(info["t"] == length for info in shared["infos"][last])
 
 
+def test_an_agent_with_obs_after_it_was_done_is_warned_of_and_its_rewards_kept(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    cfg = config(TESTING + "ReturningAgentEnv", num_envs=1, batch_mode="complete_episodes")
+    with EnvRunner(cfg) as runner:
+        batch = runner.sample(num_episodes=2)
+    check_batch_invariants(batch)
+    shared = batch.policy_batches["shared"]
+    a1 = shared["agent_id"] == "a1"
+    # Per episode: its two rows (steps 0 and 1), the last one terminated and carrying
+    # every reward it was given, the three after its return too.
+    assert a1.sum() == 2 * 2 and shared["terminateds"][a1].sum() == 2
+    assert shared["rewards"][a1].sum() == 2 * 5.0
+    warnings = [r.message for r in caplog.records if "has an obs again" in r.message]
+    assert len(warnings) == 1 and "sub-env 0: agent 'a1'" in warnings[0]
+
+
 def test_sample_by_agent_steps_and_no_mask_column_without_masks() -> None:
     cfg = config(TESTING + "CheapEnv", num_envs=2, rollout_fragment_length=10,
                  env_config={"num_agents": 3, "episode_len": 15})

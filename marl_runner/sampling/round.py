@@ -9,6 +9,7 @@ so an exception in the middle of a step leaves no half-filled rows behind.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Container, Iterable, Mapping
 from itertools import chain, compress, repeat
 from operator import attrgetter, itemgetter
@@ -24,6 +25,8 @@ from marl_runner.sampling.fake_obs import fake_final_obs, kept_copies
 from marl_runner.sampling.rewards import RewardLedger, count_rewards_on_rows
 from marl_runner.sampling.stacked_rows import joined_rows
 from marl_runner.sampling.trajectories import KeyTable
+
+logger = logging.getLogger(__name__)
 
 _EMPTY_INFO: dict = {}
 _NOTHING: dict = {}
@@ -154,6 +157,16 @@ class RoundCollector:
         self._fake_obs_mode = fake_obs_mode
         self._keep_last_obs = fake_obs_mode == "last"
         self._slots_of: dict[tuple[LayoutShape, tuple], list[np.ndarray | None]] = {}
+        self._warned_returning = False
+
+    def _warn_returning(self, episode: MultiAgentEpisode, agent_id: Any) -> None:
+        self._warned_returning = True
+        logger.warning(
+            "sub-env %d: agent %r has an obs again after it was done (terminated or "
+            "truncated) in this episode; an agent is done for the rest of its episode, so it "
+            "gets no action and no rows, and what it is given goes on its last transition: "
+            "give a returning agent a new id (warned once)", episode.env_id, agent_id,
+        )
 
     def collect_unchanged(
         self,
@@ -331,7 +344,9 @@ class RoundCollector:
                 is_first = True
             elif slot.done:
                 clean = False
-                continue  # a reward after it is done: the ledger keeps it
+                if not self._warned_returning:
+                    self._warn_returning(episode, agent_id)
+                continue  # no row: a reward after it is done, the ledger keeps
             else:
                 is_first = False
             rows.append(_Row(slot, agent_obs, output.infos.get(agent_id), terminated, truncated, is_first))

@@ -17,6 +17,7 @@ from tests.envs.crashing_env import CrashingEnv
 from tests.envs.lifecycle_envs import (
     DyingAgentsEnv,
     NoObsEnv,
+    ReturningAgentEnv,
     ReusedArraysEnv,
     RewardedBeforeAndAfterEnv,
     SpawningAgentsEnv,
@@ -57,6 +58,7 @@ __all__ = [
     "NoObsEnv",
     "PadSpacesWrapper",
     "RandomFaultEnv",
+    "ReturningAgentEnv",
     "ReusedArraysEnv",
     "Round",
     "ScriptedEnv",

@@ -188,3 +188,30 @@ class ReusedArraysEnv(MultiAgentEnv):
         obs, infos = self._output()
         over = self.t == self.length
         return obs, dict.fromkeys(actions, 1.0), {"__all__": False}, {"__all__": over}, infos
+
+
+class ReturningAgentEnv(MultiAgentEnv):
+    """a1 terminates at step 2 and has obs (and rewards) again from step 4: a respawn
+    under the same id, which the runner does not take (an agent is done for the rest of
+    its episode). Every agent with an obs gets 1.0 a step; 6 steps, truncated; actions
+    are not checked."""
+
+    possible_agents = ["a0", "a1"]
+    observation_spaces = dict.fromkeys(
+        possible_agents, gym.spaces.Box(0.0, 100.0, (1,), np.float32)
+    )
+    action_spaces = dict.fromkeys(possible_agents, gym.spaces.Discrete(2))
+
+    def reset(self, seed: int | None = None, options: dict | None = None) -> tuple:
+        self.t = 0
+        return self._obs(self.possible_agents), {}
+
+    def _obs(self, agents: list) -> dict:
+        return {agent: np.array([self.t], np.float32) for agent in agents}
+
+    def step(self, actions: dict) -> tuple:
+        self.t += 1
+        agents = ["a0"] if self.t == 3 else self.possible_agents
+        terminateds = {"__all__": False, "a1": self.t == 2}
+        truncateds = {"__all__": self.t == 6}
+        return self._obs(agents), dict.fromkeys(agents, 1.0), terminateds, truncateds, {}
