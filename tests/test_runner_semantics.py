@@ -354,6 +354,22 @@ def test_an_agent_with_obs_after_it_was_done_is_warned_of_and_its_rewards_kept(
     assert len(warnings) == 1 and "sub-env 0: agent 'a1'" in warnings[0]
 
 
+def test_complete_episodes_drop_an_episode_past_max_episode_steps() -> None:
+    """Sub-env 0 (seed 0) never ends its episodes; sub-env 1 ends them after 5 steps.
+    Each 20 steps sub-env 0's episode is dropped as faulty and the sub-env reset, so
+    sample() returns sub-env 1's whole episodes, and nothing of sub-env 0."""
+    cfg = config(TESTING + "NeverEndingOnEvenSeedsEnv", num_envs=2, seed=0,
+                 batch_mode="complete_episodes", max_episode_steps=20)
+    with EnvRunner(cfg) as runner:
+        batch = runner.sample(num_episodes=20)
+        metrics = runner.get_metrics()
+    check_batch_invariants(batch)
+    shared = batch.policy_batches["shared"]
+    assert len(shared) == 20 * 5 and set(shared["env_id"]) == {1}
+    assert metrics["num_faulty_episodes"] >= 100 // 20 - 1
+    assert all("max_episode_steps=20" in fault for fault in metrics["faults"])
+
+
 def test_sample_by_agent_steps_and_no_mask_column_without_masks() -> None:
     cfg = config(TESTING + "CheapEnv", num_envs=2, rollout_fragment_length=10,
                  env_config={"num_agents": 3, "episode_len": 15})

@@ -170,7 +170,11 @@ class RunnerConfig:
         False, "Check every obs against the agent's space and every reward for being finite."
     )
     max_episode_steps: int | None = _key(
-        None, "Warn once when an episode has not ended after this many env steps; null: never."
+        None,
+        "Warn once when an episode has not ended after this many env steps; with batch_mode "
+        "complete_episodes, drop such an episode instead (faulty, its sub-env reset): whole "
+        "episodes only are handed out, and one that never ends would grow without bound. "
+        "null: never.",
     )
     num_runners: int = _key(
         0,

@@ -19,8 +19,9 @@ import numpy as np
 
 from marl_runner.callbacks import Callbacks
 from marl_runner.envs import BaseEnv
-from marl_runner.envs.errors import SubEnvGoneError
+from marl_runner.envs.errors import EpisodeFault, SubEnvGoneError
 from marl_runner.metrics import MetricsCollector, RolloutMetrics
+from marl_runner.sampling.env_output import PollResult
 from marl_runner.sampling.episode import AgentSlot, MultiAgentEpisode
 from marl_runner.sampling.episode_ids import EpisodeIds
 from marl_runner.sampling.fragments import FragmentBuilder
@@ -74,6 +75,12 @@ def _picklable(error: BaseException | None) -> BaseException | None:
     return error
 
 
+class EpisodeTooLongError(EpisodeFault):
+    """An episode of a ``complete_episodes`` run still running after
+    ``max_episode_steps`` env steps: dropped (faulty), and its sub-env reset, so that
+    an episode that never ends cannot hold sample() (and memory) forever."""
+
+
 class EpisodeLifecycle:
     """The running episode of each sub-env, and what happens at each of its events."""
 
@@ -103,6 +110,10 @@ class EpisodeLifecycle:
         self._max_reset_failures = config.max_consecutive_reset_failures
         self._max_episode_failures = config.max_consecutive_step_failures
         self._max_episode_steps = config.max_episode_steps
+        #: Whether polled sub-envs' episodes are cut at max_episode_steps (`cut_overlong`).
+        self.cuts_overlong = (
+            config.max_episode_steps is not None and config.batch_mode == "complete_episodes"
+        )
         self._warned_long_episode = False
         self._episode_ids = EpisodeIds()
         # Bound once: every new episode takes them.
@@ -151,6 +162,24 @@ class EpisodeLifecycle:
         else:
             self._advance(episode)
         return episode
+
+    def cut_overlong(self, polled: PollResult) -> None:
+        """``complete_episodes``: a polled sub-env whose episode has run max_episode_steps
+        env steps gets an ``EpisodeTooLongError`` in place of its step's output (the
+        episode is dropped as faulty, the sub-env reset, the run goes on)."""
+        limit = self._max_episode_steps
+        for env_id in list(polled.obs):
+            episode = self.active.get(env_id)
+            if episode is None or episode.length < limit:
+                continue
+            polled.obs[env_id] = EpisodeTooLongError(
+                f"sub-env {env_id}: its episode has not ended after max_episode_steps={limit} "
+                "env steps, and batch_mode complete_episodes hands out whole episodes only: "
+                "dropped, and the sub-env reset"
+            )
+            polled.rewards[env_id], polled.infos[env_id] = {}, {}
+            polled.terminateds[env_id] = {"__all__": True}
+            polled.truncateds[env_id] = {"__all__": False}
 
     def env_t(self, env_ids: np.ndarray, keys: np.ndarray) -> np.ndarray:
         """The episode env step at which each row's obs arrived, for rows of this round

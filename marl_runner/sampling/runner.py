@@ -342,6 +342,8 @@ class EnvRunner:
 
     def _poll(self) -> PollResult:
         polled = PollResult._make(self._poll_env())
+        if self._episodes.cuts_overlong:
+            self._episodes.cut_overlong(polled)
         self._unfinished.update(polled.obs)
         return polled
 

@@ -16,6 +16,7 @@ from tests.envs.compare import assert_identical, assert_same
 from tests.envs.crashing_env import CrashingEnv
 from tests.envs.lifecycle_envs import (
     DyingAgentsEnv,
+    NeverEndingOnEvenSeedsEnv,
     NoObsEnv,
     ReturningAgentEnv,
     ReusedArraysEnv,
@@ -55,6 +56,7 @@ __all__ = [
     "ListPairActionEnv",
     "MaskInfoEnv",
     "MultiDiscreteEnv",
+    "NeverEndingOnEvenSeedsEnv",
     "NoObsEnv",
     "PadSpacesWrapper",
     "RandomFaultEnv",

@@ -215,3 +215,27 @@ class ReturningAgentEnv(MultiAgentEnv):
         terminateds = {"__all__": False, "a1": self.t == 2}
         truncateds = {"__all__": self.t == 6}
         return self._obs(agents), dict.fromkeys(agents, 1.0), terminateds, truncateds, {}
+
+
+class NeverEndingOnEvenSeedsEnv(MultiAgentEnv):
+    """One agent; a sub-env first seeded with an even seed never ends its episodes, the
+    others end them (terminated) after ``episode_len`` steps. Reward 1.0 a step."""
+
+    possible_agents = ["a0"]
+    observation_spaces = {"a0": gym.spaces.Box(0.0, 1e9, (1,), np.float32)}
+    action_spaces = {"a0": gym.spaces.Discrete(2)}
+
+    def __init__(self, episode_len: int = 5) -> None:
+        self.episode_len, self.never_ends, self.t = episode_len, None, 0
+
+    def reset(self, seed: int | None = None, options: dict | None = None) -> tuple:
+        if self.never_ends is None:
+            self.never_ends = seed is not None and seed % 2 == 0
+        self.t = 0
+        return {"a0": np.array([0.0], np.float32)}, {}
+
+    def step(self, actions: dict) -> tuple:
+        self.t += 1
+        over = not self.never_ends and self.t == self.episode_len
+        obs = {"a0": np.array([self.t], np.float32)}
+        return obs, {"a0": 1.0}, {"__all__": over, "a0": over}, {"__all__": False}, {}
