@@ -160,6 +160,13 @@ def test_a_batch_too_big_for_a_float_is_refused_by_name(tmp_path, capsys):
     assert "num_envs ~10^400 x rollout_fragment_length ~10^4000" in err and len(err) < 400
 
 
+def test_a_negative_seed_is_refused_by_validate_not_by_the_envs_reset():
+    """It passed validate, then failed in numpy inside a sub-env's reset (some envs took it)."""
+    with pytest.raises(ConfigError, match="^seed: got -1, expected an integer >= 0"):
+        RunnerConfig.from_dict({"env": "x:y", "policies": {"p": {}}, "seed": -1})
+    assert RunnerConfig.from_dict({"env": "x:y", "policies": {"p": {}}, "seed": 0}).seed == 0
+
+
 @pytest.mark.parametrize(
     ("key", "value", "bound"),
     [

@@ -55,7 +55,7 @@ _INTS = {
     "num_runners": 0,
     "max_runner_restarts": 0,
 }
-_OPTIONAL_INTS = {"seed": None, "torch_threads": 1, "max_episode_steps": 1}
+_OPTIONAL_INTS = {"seed": 0, "torch_threads": 1, "max_episode_steps": 1}
 #: Upper bounds of int fields whose value reaches a C call (torch takes a C int), or Ray's
 #: resource arithmetic (a 100-digit num_runners failed there, naming no key).
 _MAXIMA = {"torch_threads": MAX_TORCH_THREADS, "num_runners": MAX_RUNNERS}
