@@ -17,6 +17,7 @@ from helpers_runner_connectors import (
 from PIL import Image
 
 import marl_runner.checkpoint
+import marl_runner.cli.evaluate
 from examples import train_ppo
 from marl_runner import EnvRunner, RunnerConfig, save_checkpoint
 from marl_runner.checkpoint.evaluation import EvaluationError, evaluate_checkpoint
@@ -175,3 +176,13 @@ def test_bad_arguments_and_files(tmp_path, capsys):
         evaluate_checkpoint(checkpoint, episodes=1, fps=0)
     with pytest.raises(EvaluationError, match="vectorize: external"):
         evaluate_checkpoint(checkpoint, episodes=1, overrides=["vectorize=external"])
+
+
+def test_out_that_is_a_directory_is_refused_before_any_episode(tmp_path, capsys, monkeypatch):
+    checkpoint = cheap_checkpoint(tmp_path / "out-dir.ckpt", "evaluate-cheap")
+    played = []
+    monkeypatch.setattr(
+        marl_runner.cli.evaluate, "evaluate_checkpoint", lambda *a, **k: played.append(1)
+    )
+    assert evaluate_cli([str(checkpoint), "--out", str(tmp_path)]) == 2
+    assert "is a directory; expected a file path" in capsys.readouterr().err and not played

@@ -139,6 +139,8 @@ def run_evaluate(args: argparse.Namespace) -> int:
     """Evaluates ``args.checkpoint``, prints the table, writes ``--out``; returns the exit code."""
     from marl_runner.checkpoint import CheckpointError, ImportRefused  # imports torch
 
+    if args.out is not None and args.out.is_dir():  # said now, not after every episode ran
+        raise CommandError(f"--out {args.out}: is a directory; expected a file path (a .json)")
     # A file, config or env that cannot be used is exit 2; a failure while stepping is exit 1.
     try:
         evaluation = evaluate_checkpoint(
