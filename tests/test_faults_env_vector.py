@@ -81,6 +81,17 @@ def healthy(index: int) -> CrashingEnv:
     return CrashingEnv(crash_step=None)
 
 
+class HangingCloseEnv(CrashingEnv):
+    """Its close() never returns (a simulator that does not shut down)."""
+
+    def close(self) -> None:
+        time.sleep(3600)
+
+
+def hanging_close(index: int) -> CrashingEnv:
+    return HangingCloseEnv(crash_step=None)
+
+
 def make_vec(kind: str, make_one, num_envs: int = 2, **kwargs):
     if kind == "sync":
         kwargs.pop("num_workers", None)
@@ -394,3 +405,20 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+@pytest.mark.slow  # about 10 s: the workers' close deadline, then the local env's
+def test_stop_is_bounded_when_every_envs_close_hangs():
+    """Four workers whose envs never close, and the local env read for spaces: stop()
+    used to wait 5 s per worker, one after another, then forever on the local env. Now
+    the workers share one 5 s deadline, and the local env gets 5 s of its own."""
+    vec = make_vec("subprocess", hanging_close, num_envs=4, num_workers=4)
+    vec.get_observation_space("a0")  # the local env exists
+    step_all(vec, range(4))
+    pids = vec.worker_pids
+    start = time.monotonic()
+    vec.stop()
+    assert time.monotonic() - start < 16  # (it was 4 x 5 s, and then no end)
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)  # killed and reaped

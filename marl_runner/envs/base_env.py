@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import logging
+import threading
 from typing import Any
 
 import gymnasium as gym
@@ -162,3 +163,16 @@ def close_quietly(env: MultiAgentEnv, env_id: EnvID) -> None:
         env.close()
     except Exception:
         logger.warning("closing sub-env %d failed", env_id, exc_info=True)
+
+
+def close_within(env: MultiAgentEnv, timeout_s: float, what: str) -> None:
+    """Close ``env`` (``what`` names it) in a thread given ``timeout_s``: a close that
+    hangs is left running (logged), so that a shutdown of a process backend, whose
+    workers are bounded, is bounded too."""
+    closing = threading.Thread(
+        target=close_quietly, args=(env, 0), name="marl-runner-close", daemon=True
+    )
+    closing.start()
+    closing.join(timeout_s)
+    if closing.is_alive():
+        logger.warning("%s did not close within %g s; left closing", what, timeout_s)

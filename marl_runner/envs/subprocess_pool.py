@@ -104,6 +104,8 @@ class WorkerHandle:
         #: env_id -> index among this worker's sub-envs (its slots).
         self.local = {env_id: i for i, env_id in enumerate(env_ids)}
         self.alive = True
+        #: A close request was sent and its reply not yet waited for.
+        self._closing = False
         self.in_flight: InFlight | None = None
         #: A reply read but not yet entered (an interruption came in between).
         self.unread: tuple[InFlight, bytes] | None = None
@@ -127,21 +129,32 @@ class WorkerHandle:
             self.slots = None
         unlink_blocks(self.block_prefix)
 
-    def shut_down(self) -> None:
-        """Ask the worker to close its envs and exit; kill it if it does not in time."""
+    def ask_to_close(self) -> None:
+        """Send the close request (``wait_closed`` then waits for it): all workers of a
+        vector env are asked first, so their envs close side by side."""
+        if not self.alive:
+            return
+        self.alive = False
+        self._closing = True
         try:
-            if self.alive:
-                self.alive = False
-                deadline = monotonic() + SHUTDOWN_TIMEOUT_S
+            send(self.conn, ("close", None))
+        except (OSError, EOFError):
+            self._closing = False  # already gone
+
+    def wait_closed(self, deadline: float) -> None:
+        """Wait until ``deadline`` (monotonic) for the worker to close its envs and exit;
+        kill it then, however it is."""
+        try:
+            if self._closing:
+                self._closing = False
                 try:
-                    send(self.conn, ("close", None))
                     # Replies come in request order: an unread reply precedes the close's.
                     for _ in range(2 if self.in_flight is not None else 1):
                         if not self.conn.poll(max(deadline - monotonic(), 0.0)):
                             break
                         self.conn.recv_bytes()
                 except (OSError, EOFError):
-                    pass  # already gone
+                    pass  # gone meanwhile
                 self.process.join(timeout=max(deadline - monotonic(), 0.1))
         finally:
             self.kill()
@@ -220,10 +233,18 @@ def await_ready(worker: WorkerHandle) -> None:
 
 
 def shut_down_all(workers: list[WorkerHandle]) -> None:
+    """Every worker asked to close at once, then given until one shared deadline
+    (``SHUTDOWN_TIMEOUT_S``): envs whose close hangs cost that once, not once per worker."""
     for worker in workers:
         try:
-            worker.shut_down()
+            worker.ask_to_close()
         except Exception:  # one worker's trouble must not leave the others running
+            continue
+    deadline = monotonic() + SHUTDOWN_TIMEOUT_S
+    for worker in workers:
+        try:
+            worker.wait_closed(deadline)
+        except Exception:
             continue
 
 

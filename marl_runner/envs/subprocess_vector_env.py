@@ -17,13 +17,14 @@ from marl_runner.envs.base_env import (
     EnvID,
     PollDicts,
     ResetSeeds,
-    close_quietly,
+    close_within,
 )
 from marl_runner.envs.errors import EnvError, SubEnvGoneError
 from marl_runner.envs.multi_agent_env import AgentID, MultiAgentDict, MultiAgentEnv
 from marl_runner.envs.step_block import materialize
 from marl_runner.envs.subprocess_cpu import current_cpu
 from marl_runner.envs.subprocess_pool import (
+    SHUTDOWN_TIMEOUT_S,
     InFlight,
     SubprocessStats,
     WorkerHandle,
@@ -351,7 +352,7 @@ class SubprocessVectorEnv(BaseEnv):
     def stop(self) -> None:
         self._finalizer()
         if self._probe_env is not None:
-            close_quietly(self._probe_env, 0)
+            close_within(self._probe_env, SHUTDOWN_TIMEOUT_S, "the local env read for spaces")
             self._probe_env = None
 
     @property
