@@ -150,6 +150,24 @@ def test_a_checkpointed_policy_the_runner_lacks_is_an_error(tmp_path):
         restore_checkpoint(path)
 
 
+def test_a_mapping_override_that_leaves_a_saved_policy_without_agents_restores(
+    tmp_path, caplog
+):
+    """Every agent mapped to archer: knight is never built. Its saved state is skipped,
+    with a warning naming it, instead of the restore being refused."""
+    path = tmp_path / "runner.pkl"
+    with EnvRunner(filtered_kaz_config(seed=11)) as runner:
+        runner.set_weights(perturbed_weights(runner))
+        save_checkpoint(runner, path)
+        archer = runner.policy_map["archer"].get_weights()
+    with restore_checkpoint(path, overrides=['policy_mapping_fn={"*": "archer"}']) as restored:
+        assert sorted(restored.policy_map) == ["archer"]
+        for name, value in restored.policy_map["archer"].get_weights().items():
+            np.testing.assert_array_equal(value, archer[name])
+        assert restored.sample().env_steps() > 0
+    assert "no agent maps to policies ['knight']" in caplog.text
+
+
 def test_files_that_are_not_checkpoints_are_rejected(tmp_path):
     with pytest.raises(CheckpointError, match="cannot read"):
         restore_checkpoint(tmp_path / "missing.pkl")

@@ -28,6 +28,7 @@ reader sees the old checkpoint or the new one, never half of one.
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 from collections.abc import Iterable, Mapping
@@ -47,6 +48,8 @@ from marl_runner.checkpoint.trust import ImportRef, chain_imports, config_import
 from marl_runner.config import ConfigError, RunnerConfig
 from marl_runner.config.memory import check_batch_memory, estimate_batch_memory
 from marl_runner.safe_files import FileRefused, memory_limit_bytes, read_regular_file
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # the runner imports torch: only when a checkpoint is restored
     from marl_runner.sampling.runner import EnvRunner
@@ -339,6 +342,14 @@ def _apply_state(runner: EnvRunner, policies: dict[str, Any], path: str | os.Pat
     """Sets each checkpointed policy's state on ``runner``; any mismatch is a CheckpointError."""
     policy_map = runner.policy_map
     missing = sorted(set(policies) - set(policy_map))
+    unmapped = [pid for pid in missing if pid in runner.config.policies]
+    if unmapped:  # in the config, but no agent maps to them (an override's mapping, say)
+        logger.warning(
+            "%s: no agent maps to policies %s under this policy_mapping_fn, so they were not "
+            "built; their saved state is not restored", path, unmapped,
+        )
+        policies = {pid: state for pid, state in policies.items() if pid not in unmapped}
+        missing = [pid for pid in missing if pid not in unmapped]
     if missing:
         raise CheckpointError(
             f"{path}: the restored runner has no policies {missing} (it has "
