@@ -148,7 +148,7 @@ def test_dead_worker_fails_only_its_sub_envs():
     assert dead_process.exitcode == 3  # reaped, not a zombie
     reset_obs, reset_infos = vec.try_reset(0)  # a failed reset, as BaseEnv says
     assert isinstance(reset_obs, EnvError) and reset_infos == {}
-    assert "sub-env 0 cannot be reset: its worker 0 died" in str(reset_obs)
+    assert "sub-env 0 cannot be reset: its worker 0 is gone" in str(reset_obs)
     vec.send_actions({0: ACT, 2: ACT})
     obs, *_ = vec.poll()
     assert isinstance(obs[0], EnvError) and isinstance(obs[2], dict)

@@ -311,7 +311,8 @@ class SubprocessVectorEnv(BaseEnv):
         if not worker.alive:
             # A failed reset, as BaseEnv says; one the runner does not retry (restarts off).
             return SubEnvGoneError(
-                f"sub-env {env_id} cannot be reset: its worker {worker.index} died; "
+                f"sub-env {env_id} cannot be reset: its worker {worker.index} is gone (it died, "
+                "or was killed after a timeout); "
                 "enable restart_failed_sub_environments to recreate it"
             ), {}
         self.stats.reset_round_trips += 1

@@ -325,7 +325,7 @@ class EpisodeLifecycle:
 
     def _gone_error(self, env_id: int) -> SubEnvError:
         return SubEnvError(
-            env_id, "is gone (its worker process or actor died) and "
+            env_id, "is gone (its worker process or Ray actor died, or was killed) and "
             "restart_failed_sub_environments is off, so it cannot be reset; build a new runner "
             "or turn restarts on; the other sub-envs' data is kept", self.gone[env_id],
         )
