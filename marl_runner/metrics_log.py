@@ -310,7 +310,8 @@ def read_progress_csv(path: str | os.PathLike[str]) -> list[dict[str, float]]:
 def _bounded_lines(path: str | os.PathLike[str]) -> Iterator[tuple[int, str]]:
     """``(number, line)`` of a regular file of at most ``MAX_LOG_BYTES``, each line at most
     ``MAX_LINE_CHARS`` (read line by line: a file of newlines is no list of empty strings)."""
-    text = read_regular_file(path, max_bytes=MAX_LOG_BYTES).decode("utf-8")
+    # utf-8-sig: a byte-order mark (Excel writes one) is not part of the first column's name.
+    text = read_regular_file(path, max_bytes=MAX_LOG_BYTES).decode("utf-8-sig")
     stream = io.StringIO(text, newline="")
     number = 0
     while line := stream.readline(MAX_LINE_CHARS + 1):
@@ -417,11 +418,14 @@ def plot_learning_curve(
         axes.axhline(level, linestyle="--", color=f"C{index}", label=f"{label} ({level:.1f})")
     axes.set_xlabel(x)
     axes.set_ylabel(columns[0] if len(columns) == 1 else "value")
-    axes.set_title(title or f"{', '.join(columns)} over {x}")
+    # `$` escaped: a title's "$5 vs $10" is text, not matplotlib's math between dollars.
+    axes.set_title((title or f"{', '.join(columns)} over {x}").replace("$", r"\$"))
     axes.grid(alpha=0.3)
     axes.legend()
     figure.tight_layout()
     path = Path(path)
+    if not path.suffix:  # what savefig writes: a PNG, under the name with .png added
+        path = path.with_name(f"{path.name}.png")
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=100)
     plt.close(figure)

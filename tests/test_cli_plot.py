@@ -214,3 +214,18 @@ def test_the_lines_and_values_held_are_bounded(
     log = tmp_path / name
     log.write_text(text)
     assert f"{log}{words}" in plot_error([str(log)], capsys)
+
+
+def test_odd_but_valid_inputs_name_what_was_written_or_what_is_wrong(tmp_path, capsys) -> None:
+    """Found by a probe: a CSV with a byte-order mark, `--out` without a suffix or naming a
+    directory, a column that is there but not all numbers, and a title with dollars."""
+    bom = tmp_path / "progress.csv"
+    bom.write_bytes("\ufeffenv_steps,episode_reward_mean\n10,1.0\n20,2.0\n".encode())
+    assert main(["plot", str(bom), "--out", str(tmp_path / "noext"), "--title", "cost $5 vs $1"]) == 0
+    assert f"wrote {tmp_path / 'noext.png'} " in capsys.readouterr().out
+    assert_png(tmp_path / "noext.png")
+    assert f"--out {tmp_path}: is a directory" in plot_error([str(bom), "--out", str(tmp_path)], capsys)
+    log = tmp_path / "metrics.jsonl"
+    log.write_text('{"env_steps": 10, "done": true}\n{"env_steps": 20, "done": false}\n')
+    error = plot_error([str(log), "--y", "done"], capsys)
+    assert "--y done: column of" in error and "holds values that are not numbers" in error

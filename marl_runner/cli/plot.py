@@ -88,15 +88,17 @@ def run_plot(args: argparse.Namespace) -> int:
     rows = read_rows(source)
     columns = numeric_columns(rows)
     if args.x not in columns:
-        raise CommandError(f"--x {args.x}: no such column in {source}; {_available(columns)}")
-    y_columns = resolve_columns(args.y, columns, source)
+        raise CommandError(f"--x {args.x}: {_not_drawable(args.x, rows, source)}; {_available(columns)}")
+    y_columns = resolve_columns(args.y, columns, source, rows)
     out = args.out if args.out is not None else source.with_suffix(".png")
+    if out.is_dir():
+        raise CommandError(f"--out {out}: is a directory; expected a file path (a .png, .svg ...)")
     trained = has_training(columns)
     title = args.title
     if title is None and not trained:
         title = f"{', '.join(y_columns)} over {args.x} (no training: sampling only)"
     try:
-        plot_learning_curve(rows, out, x=args.x, y=y_columns, title=title)
+        out = plot_learning_curve(rows, out, x=args.x, y=y_columns, title=title)
     except ImportError as exc:
         raise CommandError(str(exc), EXIT_FAILURE) from exc
     except ValueError as exc:
@@ -172,7 +174,9 @@ def numeric_columns(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     return [key for key, numeric in columns.items() if numeric]
 
 
-def resolve_columns(names: Sequence[str], columns: Sequence[str], source: Path) -> list[str]:
+def resolve_columns(
+    names: Sequence[str], columns: Sequence[str], source: Path, rows: Sequence[Mapping[str, Any]]
+) -> list[str]:
     """`--y` names as columns: a name that is a nested key stands for all its sub-keys."""
     resolved: list[str] = []
     for name in names:
@@ -181,9 +185,18 @@ def resolve_columns(names: Sequence[str], columns: Sequence[str], source: Path) 
             continue
         members = [column for column in columns if column.startswith(f"{name}/")]
         if not members:
-            raise CommandError(f"--y {name}: no such column in {source}; {_available(columns)}")
+            raise CommandError(
+                f"--y {name}: {_not_drawable(name, rows, source)}; {_available(columns)}"
+            )
         resolved.extend(members)
     return list(dict.fromkeys(resolved))
+
+
+def _not_drawable(name: str, rows: Sequence[Mapping[str, Any]], source: Path) -> str:
+    """Why column ``name`` cannot be drawn: it is not there, or not all numbers."""
+    if any(name in row for row in rows):
+        return f"column of {source} holds values that are not numbers"
+    return f"no such column in {source}"
 
 
 def _available(columns: Sequence[str]) -> str:
