@@ -19,6 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow  # a training run in a fresh interpreter: 5-8 s
 @pytest.mark.timeout(120)
 def test_train_ppo_smoke_writes_progress_plot_and_checkpoints(tmp_path) -> None:
     run_dir = tmp_path / "run"
@@ -81,7 +82,12 @@ EXAMPLE_COMMANDS = {
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("name", sorted(EXAMPLE_COMMANDS))
+@pytest.mark.parametrize(
+    "name",
+    # One in the default suite; each takes 3-4 s in a fresh interpreter, all in test-all.
+    [name if name == "custom_env" else pytest.param(name, marks=pytest.mark.slow)
+     for name in sorted(EXAMPLE_COMMANDS)],
+)
 def test_example_runs_in_one_command(name: str) -> None:
     argv, expected = EXAMPLE_COMMANDS[name]
     result = subprocess.run(
