@@ -131,7 +131,7 @@ def _as_column(value: Any, num_rows: int, policy_id: str, name: str) -> np.ndarr
         return value
     if _is_batched_structure(value, num_rows):
         rows = np.empty(num_rows, object)
-        rows[:] = _split_rows(value, num_rows)
+        rows[:] = _structure_rows(value, num_rows)
         return rows
     if isinstance(value, list | tuple) and len(value) == num_rows:
         return np.asarray(value)
@@ -166,8 +166,13 @@ def _split_rows(actions: Any, num_rows: int) -> list:
         return actions.tolist() if actions.ndim == 1 else list(actions)
     if not _is_batched_structure(actions, num_rows) and isinstance(actions, list | tuple):
         return list(actions)
-    flat = tree.flatten(actions)
-    return [tree.unflatten_as(actions, [leaf[i] for leaf in flat]) for i in range(num_rows)]
+    return _structure_rows(actions, num_rows)
+
+
+def _structure_rows(structure: Any, num_rows: int) -> list:
+    """One structure per row of a structure of batched arrays."""
+    flat = tree.flatten(structure)
+    return [tree.unflatten_as(structure, [leaf[i] for leaf in flat]) for i in range(num_rows)]
 
 
 def distribute_actions(
