@@ -10,7 +10,7 @@ construction and no observation is stored twice.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -231,59 +231,26 @@ class PolicyTrajectories:
         all_keys = front[KEY_COLUMN]
         if self.finals.size:
             all_keys = np.concatenate([all_keys, finals[KEY_COLUMN]])
-        selected = key_mask[all_keys]
-        if selected.all():
-            chosen = None
-        elif not selected.any():
+        plan = _plan_transitions(all_keys, key_mask[all_keys], num_front, keys.capacity)
+        if plan is None:
             return None, _NO_KEYS, _NO_SEGMENTS
-        else:
-            chosen = np.flatnonzero(selected)
-
-        # Rows by key, time order kept within a key; ``order`` indexes the stored rows.
-        row_keys = all_keys if chosen is None else all_keys[chosen]
-        order = _stable_argsort(row_keys, keys.capacity)
-        sorted_keys = row_keys[order]
-        if chosen is not None:
-            order = chosen[order]
-        # Each key's rows are one group; all but a group's last row open a transition.
-        opens = sorted_keys[:-1] == sorted_keys[1:]
-        group_ends = np.append(np.flatnonzero(~opens), len(order) - 1)
-        last_rows = order[group_ends]
-        done = last_rows >= num_front
-        finished = sorted_keys[group_ends[done]]
-        # Kept: the last row of each unfinished trajectory, and every row not built.
-        keep_front = last_rows[~done]
-        keep_finals = np.zeros(0, np.intp)
-        if chosen is not None:
-            unselected = np.flatnonzero(~selected)
-            keep_front = np.sort(np.concatenate([keep_front, unselected[unselected < num_front]]))
-            keep_finals = unselected[unselected >= num_front] - num_front
-        if not opens.any():
-            self._keep(keep_front, keep_finals, hand_off=False)
-            return None, finished, _NO_SEGMENTS
-
-        # Opening rows in the order they were stored (no second sort): mark them, then
-        # read each one's closing row from a table indexed by row.
-        next_row = np.full(len(all_keys), -1, np.intp)
-        next_row[order[:-1][opens]] = order[1:][opens]
-        opening = np.flatnonzero(next_row >= 0)
-        closing = next_row[opening]
+        if plan.opening is None:
+            self._keep(plan.keep_front, plan.keep_finals, hand_off=False)
+            return None, plan.finished, _NO_SEGMENTS
+        finished, keep_front, keep_finals, opening, closing, first_keys, first_rows = plan
         num_rows = len(opening)
         # The usual case: the opening rows are the first ones stored; the batch takes them
         # where they lie.
         in_place = bool(opening[-1] == num_rows - 1)
         batch_keys = all_keys[opening]
+        final_rows = np.flatnonzero(closing >= num_front)
+        # The build is where the process holds the most it ever does: the row-sized index
+        # arrays go before the batch's columns are made (the plan's working ones are gone
+        # with _plan_transitions) or right after.
+        del plan
         batch = self._transitions(front, finals, opening, closing, in_place, keys.capacity)
+        del opening, closing
         self._keep(keep_front, keep_finals, hand_off=in_place)
-
-        # Per-trajectory values, row by row from the key table. A key's first transition
-        # opens on its group's first row (the groups are in time order).
-        group_starts = np.append(0, group_ends[:-1] + 1)
-        with_transitions = group_starts < group_ends
-        first_keys = sorted_keys[group_starts[with_transitions]]
-        row_in_batch = np.empty(len(all_keys), np.intp)
-        row_in_batch[opening] = np.arange(num_rows)
-        first_rows = row_in_batch[order[group_starts[with_transitions]]]
         batch["eps_id"] = keys.eps_id[batch_keys]
         batch["env_id"] = keys.env_id[batch_keys]
         batch["agent_index"] = keys.agent_index[batch_keys]
@@ -303,8 +270,9 @@ class PolicyTrajectories:
         keys.built[first_keys] = True
         if "state_in_0" in batch:
             batch["seq_lens"] = np.ones(num_rows, np.int32)
-        final_rows = np.flatnonzero(closing >= num_front)
         _add_rewards_after_done(batch, final_rows, batch_keys[final_rows], keys)
+        if keys.capacity <= 1 << 16:  # held until post-processing is done: a quarter the bytes
+            batch_keys = batch_keys.astype(np.uint16)
         return batch, finished, Segments(batch_keys, keys.capacity)
 
     def _transitions(
@@ -379,6 +347,66 @@ def _gather(
         else:
             out[in_finals] = final_column[rows[in_finals] - num_front]
     return out
+
+
+class _Plan(NamedTuple):
+    """Which stored rows a build turns into transitions (``_plan_transitions``)."""
+
+    finished: np.ndarray  # keys whose trajectories finished (to release)
+    keep_front: np.ndarray  # rows of ``rows`` kept after the build: not built, or still open
+    keep_finals: np.ndarray  # rows of ``finals`` kept (not built)
+    opening: np.ndarray | None  # each transition's opening row, in stored order; None: none
+    closing: np.ndarray | None  # each transition's closing row
+    first_keys: np.ndarray | None  # the keys with transitions
+    first_rows: np.ndarray | None  # each such key's first transition (batch row)
+
+
+def _plan_transitions(
+    all_keys: np.ndarray, selected: np.ndarray, num_front: int, num_keys: int
+) -> _Plan | None:
+    """The transitions of the ``selected`` rows (indices over both buffers, ``rows``
+    first); None when no row is selected. Its row-sized working arrays die with it: the
+    build is where the process holds the most it ever does."""
+    if selected.all():
+        chosen = None
+    elif not selected.any():
+        return None
+    else:
+        chosen = np.flatnonzero(selected)
+    # Rows by key, time order kept within a key; ``order`` indexes the stored rows.
+    row_keys = all_keys if chosen is None else all_keys[chosen]
+    order = _stable_argsort(row_keys, num_keys)
+    sorted_keys = row_keys[order]
+    if chosen is not None:
+        order = chosen[order]
+    # Each key's rows are one group; all but a group's last row open a transition.
+    opens = sorted_keys[:-1] == sorted_keys[1:]
+    group_ends = np.append(np.flatnonzero(~opens), len(order) - 1)
+    last_rows = order[group_ends]
+    done = last_rows >= num_front
+    finished = sorted_keys[group_ends[done]]
+    # Kept: the last row of each unfinished trajectory, and every row not built.
+    keep_front = last_rows[~done]
+    keep_finals = np.zeros(0, np.intp)
+    if chosen is not None:
+        unselected = np.flatnonzero(~selected)
+        keep_front = np.sort(np.concatenate([keep_front, unselected[unselected < num_front]]))
+        keep_finals = unselected[unselected >= num_front] - num_front
+    if not opens.any():
+        return _Plan(finished, keep_front, keep_finals, None, None, None, None)
+    # Opening rows in the order they were stored (no second sort): mark them, then read
+    # each one's closing row from a table indexed by row.
+    next_row = np.full(len(all_keys), -1, np.intp)
+    next_row[order[:-1][opens]] = order[1:][opens]
+    opening = np.flatnonzero(next_row >= 0)
+    closing = next_row[opening]
+    # A key's first transition opens on its group's first row (the groups are in time
+    # order); ``opening`` is sorted, so that row's place in the batch is a binary search.
+    group_starts = np.append(0, group_ends[:-1] + 1)
+    with_transitions = group_starts < group_ends
+    first_keys = sorted_keys[group_starts[with_transitions]]
+    first_rows = np.searchsorted(opening, order[group_starts[with_transitions]])
+    return _Plan(finished, keep_front, keep_finals, opening, closing, first_keys, first_rows)
 
 
 def _stable_argsort(keys: np.ndarray, num_keys: int) -> np.ndarray:
