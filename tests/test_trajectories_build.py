@@ -257,8 +257,7 @@ def test_a_column_of_another_length_than_the_rounds_rows_is_named(done: bool, le
 
 def test_a_build_holds_little_beyond_the_batch_it_makes() -> None:
     """The build is where a run holds the most memory: its row-sized index arrays must not
-    all be alive when the batch's columns are made (6.5 such arrays at the peak before they
-    were let go early; about one now)."""
+    all be alive when the batch's columns are made (about one such array is, at the peak)."""
     num_agents, num_rounds = 512, 101
     table = KeyTable(capacity=num_agents)
     keys = np.array([table.allocate(_episode(0), index, f"a{index}") for index in range(num_agents)])
