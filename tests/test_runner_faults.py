@@ -20,6 +20,7 @@ from marl_runner import (
 )
 from marl_runner.checks import trajectory_rows
 from marl_runner.envs.errors import EnvError
+from marl_runner.sampling import lifecycle
 from tests.runner_helpers import config
 
 CRASHING = "tests.envs:CrashingEnv"
@@ -211,6 +212,26 @@ def test_an_episode_past_max_episode_steps_warns_once(caplog: pytest.LogCaptureF
         runner.sample(num_env_steps=80)
     warnings = [r for r in caplog.records if "max_episode_steps=5" in r.getMessage()]
     assert len(warnings) == 1
+
+
+def test_complete_episodes_without_a_step_limit_warns_of_an_episode_that_does_not_end(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """sample() waits for such an episode and holds its rows: the user is told why, once."""
+    monkeypatch.setattr(lifecycle, "UNLIMITED_EPISODE_WARNING_STEPS", 20)
+    cfg = config(
+        "marl_runner.bench.envs:CheapEnv", num_envs=2, batch_mode="complete_episodes",
+        env_config={"num_agents": 2, "episode_len": 1000},
+    )
+    with caplog.at_level(logging.WARNING), EnvRunner(cfg) as runner:
+        for _ in range(19):
+            runner.step()
+        assert not [r for r in caplog.records if "has not ended" in r.getMessage()]
+        for _ in range(30):
+            runner.step()
+    warnings = [r.getMessage() for r in caplog.records if "has not ended" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "after 20 env steps" in warnings[0] and "max_episode_steps" in warnings[0]
 
 
 def test_a_stopped_runner_says_so() -> None:

@@ -174,7 +174,8 @@ class RunnerConfig:
         "Warn once when an episode has not ended after this many env steps; with batch_mode "
         "complete_episodes, drop such an episode instead (faulty, its sub-env reset): whole "
         "episodes only are handed out, and one that never ends would grow without bound. "
-        "null: never.",
+        "null: no limit (with complete_episodes, an episode past 100,000 env steps is warned "
+        "of once: sample() waits for it).",
     )
     num_runners: int = _key(
         0,

@@ -29,8 +29,12 @@ from marl_runner.sampling.policy_map import PolicyMap
 from marl_runner.sampling.trajectories import KeyTable
 
 _ENV_ID = attrgetter("env_id")
+_LENGTH = attrgetter("length")
 
 logger = logging.getLogger(__name__)
+
+#: complete_episodes without max_episode_steps: an episode this long is warned of.
+UNLIMITED_EPISODE_WARNING_STEPS = 100_000
 
 
 class InterruptedStepError(RuntimeError):
@@ -114,6 +118,11 @@ class EpisodeLifecycle:
         self.cuts_overlong = (
             config.max_episode_steps is not None and config.batch_mode == "complete_episodes"
         )
+        # When a running episode is warned of: at max_episode_steps, or, when complete_episodes
+        # would wait for it and hold its rows without a limit, at a step count none should reach.
+        self._warn_after_steps = config.max_episode_steps
+        if self._warn_after_steps is None and config.batch_mode == "complete_episodes":
+            self._warn_after_steps = UNLIMITED_EPISODE_WARNING_STEPS
         self._warned_long_episode = False
         self._episode_ids = EpisodeIds()
         # Bound once: every new episode takes them.
@@ -194,9 +203,10 @@ class EpisodeLifecycle:
         self._sub_env_steps[np.fromiter(map(_ENV_ID, episodes), np.int64, len(episodes))] += 1
         for episode in episodes:
             episode.length += 1
-        if self._max_episode_steps is not None and not self._warned_long_episode:
-            for episode in episodes:
-                self._warn_if_long(episode)
+        limit = self._warn_after_steps
+        if limit is not None and not self._warned_long_episode:
+            if max(map(_LENGTH, episodes)) > limit:  # (at C level: this runs every round)
+                self._warn_long(next(e for e in episodes if e.length > limit))
 
     def new_slot(self, episode: MultiAgentEpisode, agent_id: Any) -> AgentSlot:
         """A first-time agent's slot: its policy mapped (and built), its trajectory key."""
@@ -353,16 +363,26 @@ class EpisodeLifecycle:
     def _advance(self, episode: MultiAgentEpisode) -> None:
         episode.length += 1
         self._sub_env_steps[episode.env_id] += 1
-        self._warn_if_long(episode)
+        limit = self._warn_after_steps
+        if limit is not None and episode.length > limit and not self._warned_long_episode:
+            self._warn_long(episode)
 
-    def _warn_if_long(self, episode: MultiAgentEpisode) -> None:
-        limit = self._max_episode_steps
-        if limit is not None and episode.length == limit + 1 and not self._warned_long_episode:
-            self._warned_long_episode = True
+    def _warn_long(self, episode: MultiAgentEpisode) -> None:
+        """Once per runner: an episode ran past ``_warn_after_steps`` env steps."""
+        self._warned_long_episode = True
+        limit = self._warn_after_steps
+        if self._max_episode_steps is not None:
             logger.warning(
                 "sub-env %d: an episode has not ended after max_episode_steps=%d env steps; "
                 "does the env ever set terminateds/truncateds['__all__']? (warned once)",
                 episode.env_id, limit,
+            )
+        else:
+            logger.warning(
+                "sub-env %d: an episode has not ended after %d env steps; batch_mode "
+                "complete_episodes holds its rows and sample() waits until it ends: does the "
+                "env ever set terminateds/truncateds['__all__']? Set max_episode_steps to drop "
+                "such episodes (warned once)", episode.env_id, limit,
             )
 
     def _record(self, episode: MultiAgentEpisode) -> RolloutMetrics:
