@@ -172,8 +172,7 @@ class FragmentBuilder:
 
     def _live_keys(self, episode: MultiAgentEpisode) -> list[int]:
         """The episode's trajectory keys not yet released (and so not reused)."""
-        owner = self._keys.episode
-        return [s.key for s in episode.slots.values() if owner[s.key] is episode]
+        return [slot.key for slot in self._keys.live_slots(episode)]
 
     # ---- building
 

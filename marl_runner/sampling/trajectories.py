@@ -86,14 +86,20 @@ class KeyTable:
         self.episode[key] = episode
         return key
 
+    def live_slots(self, episode: Any) -> list[Any]:
+        """The episode's agent slots whose key is not released yet. A key released when an
+        agent's final transition went out may name a later agent of the same episode by
+        now: the slot's place in the episode tells the two apart."""
+        owner, index = self.episode, self.agent_index
+        return [
+            slot for slot in episode.slots.values()
+            if owner[slot.key] is episode and index[slot.key] == slot.index
+        ]
+
     def live_reward_totals(self, episode: Any) -> dict[Any, float]:
         """``agent_id -> fast-path reward total`` of the episode's keys not released yet."""
-        owner, totals = self.episode, self.reward_total
-        return {
-            slot.agent_id: float(totals[slot.key])
-            for slot in episode.slots.values()
-            if owner[slot.key] is episode
-        }
+        totals = self.reward_total
+        return {slot.agent_id: float(totals[slot.key]) for slot in self.live_slots(episode)}
 
     def take_t(self, keys: np.ndarray) -> np.ndarray:
         """The time index of one new row per key (keys are unique within a round)."""
