@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
-from marl_runner.sampling.columns import ColumnBuffer
+from marl_runner.sampling.columns import ArrayPool, ColumnBuffer
 
 
 def test_columns_added_late_or_missing_stay_row_aligned_across_growth() -> None:
@@ -61,3 +62,29 @@ def test_rows_gathered_into_a_buffer_of_another_dtype_are_cast_as_assignment_cas
     buffer.append({"x": np.array([1, 0, 1], then)}, 2, np.array([0, 2]))
     assert buffer.view()["x"].tolist() == [0, 0, 0, 1, 1]
     assert buffer.view()["x"].dtype == first
+
+
+
+@pytest.mark.parametrize(
+    "hold",
+    [
+        lambda column: column[:3],  # a view of a batch column
+        lambda column: [column],  # the column itself, in a list
+        torch.from_numpy,
+        memoryview,
+    ],
+    ids=["view", "column", "torch", "memoryview"],
+)
+def test_a_pool_reuses_an_array_nothing_holds_and_never_one_something_does(hold) -> None:
+    pool, float32 = ArrayPool(), np.dtype(np.float32)
+    array = np.zeros((8, 2), np.float32)
+    pooled = id(array)
+    pool.give(array)
+    held = hold(array[:6])  # what a trainer keeps of a batch: a view of the pooled array
+    del array
+    other = pool.take(float32, (2,), 8)
+    other[:] = 1.0
+    assert id(other) != pooled
+    np.testing.assert_array_equal(np.asarray(held[0] if isinstance(held, list) else held), 0.0)
+    del held
+    assert id(pool.take(float32, (2,), 8)) == pooled  # free now: taken back

@@ -21,9 +21,17 @@ import numpy as np
 _MIN_CAPACITY = 256
 # Arrays of handed-out batches a pool remembers (free ones are reused, busy ones forgotten).
 _POOL_SIZE = 64
-# References to a free pooled array seen by ``sys.getrefcount`` in ``ArrayPool.take``: the
-# pool's list, the local name and the call's own argument.
-_FREE_REFS = 3
+
+
+def _references(arrays: list, index: int) -> int:
+    """``sys.getrefcount`` of ``arrays[index]``, read the one way ``ArrayPool.take`` reads it."""
+    return sys.getrefcount(arrays[index])
+
+
+# What `_references` gives for an array only a pool's list holds, measured on this
+# interpreter, not assumed: what getrefcount counts besides the holders varies between
+# Python versions (3.14 borrows some references it used to count).
+_FREE_REFS = _references([np.empty(0)], 0)
 
 
 class ArrayPool:
@@ -49,12 +57,13 @@ class ArrayPool:
         (and not more than twice as many), or a new one."""
         arrays = self._arrays
         for index in range(len(arrays)):
+            if _references(arrays, index) != _FREE_REFS:
+                continue  # a batch still uses it
             array = arrays[index]
             if (
                 array.dtype == dtype
                 and array.shape[1:] == row_shape
                 and min_rows <= len(array) <= 2 * min_rows
-                and sys.getrefcount(array) == _FREE_REFS
             ):
                 del arrays[index]
                 return array
