@@ -6,6 +6,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import pytest
 
@@ -19,7 +20,9 @@ from marl_runner import (
     check_batch_invariants,
 )
 from marl_runner.checks import trajectory_rows
+from marl_runner.envs import MultiAgentEnv
 from marl_runner.envs.errors import EnvError
+from marl_runner.envs.registry import register_env
 from marl_runner.sampling import lifecycle
 from tests.runner_helpers import config
 
@@ -286,20 +289,78 @@ def test_nan_model_outputs_are_refused_not_sampled(part: str) -> None:
 
 def test_the_nan_check_reads_custom_policy_columns_row_by_row() -> None:
     """(Found in review.) A custom policy's outputs may be objects, or several values per
-    row: objects are not checked, a [n, k] column is judged per row (and only rows that
-    act count)."""
+    row: objects are not checked, a [n, k] column is judged per row; a done row's NaN is
+    named as its final obs."""
     from connectors.data import AgentRows
     from marl_runner.sampling.policy_outputs import Evaluated, refuse_nan_outputs
 
     rows = AgentRows({"env_ids": np.arange(4), "agent_ids": ["a", "b", "c", "d"]})
     values = np.zeros((4, 3))
-    values[2, 1] = np.nan
     logp = np.array([{}, {}, {}, {}], object)
     output = (np.zeros(4), [], {"action_logp": logp, "vf_preds": values})
-    refuse_nan_outputs("p", Evaluated(np.array([0, 1, 3]), rows, output))  # row 2 is done
+    refuse_nan_outputs("p", Evaluated(np.array([0, 1, 3]), rows, output))
+    values[2, 1] = np.nan
     with pytest.raises(ValueError, match=r"vf_preds is NaN on 1 of its 4 rows, the first one "
-                       r"of sub-env 2, agent 'c'"):
+                       r"of sub-env 2, agent 'c':"):
         refuse_nan_outputs("p", Evaluated(None, rows, output))
+    with pytest.raises(ValueError, match=r"sub-env 2, agent 'c' \(its final obs\)"):
+        refuse_nan_outputs("p", Evaluated(np.array([0, 1, 3]), rows, output))  # row 2 is done
+
+
+class NaNFinalObsEnv(MultiAgentEnv):
+    """Two agents; a1 ends at round 2, with a NaN final obs where ``nan`` is set; the episode
+    is truncated at round 4."""
+
+    def __init__(self, cfg: dict) -> None:
+        self.possible_agents = ["a0", "a1"]
+        space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+        self.observation_spaces = dict.fromkeys(self.possible_agents, space)
+        self.action_spaces = dict.fromkeys(self.possible_agents, gym.spaces.Discrete(2))
+        self.nan = cfg["nan"]
+
+    def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
+        self.t = 0
+        return {agent: np.zeros(2, np.float32) for agent in self.possible_agents}, {}
+
+    def step(self, actions: dict) -> tuple[dict, dict, dict, dict, dict]:
+        self.t += 1
+        obs = {agent: np.zeros(2, np.float32) for agent in actions}
+        truncateds = {"__all__": self.t == 4}
+        if self.t == 2:
+            truncateds["a1"] = True
+            if self.nan:
+                obs["a1"] = np.full(2, np.nan, np.float32)
+        return obs, dict.fromkeys(actions, 1.0), {"__all__": False}, truncateds, {}
+
+
+register_env("test_nan_final_obs", NaNFinalObsEnv)
+GAE = {"model": {"type": "mlp", "hidden": [8]}, "config": {"gae": {"gamma": 0.9, "lambda": 0.9}}}
+
+
+@pytest.mark.parametrize("own_policy", [False, True], ids=["beside_a_live_agent", "alone"])
+def test_a_nan_final_obs_is_refused_not_handed_out_as_new_obs(own_policy: bool) -> None:
+    """(Found by a probe.) A NaN final obs went into the batch as new_obs, and a truncated
+    trajectory's GAE bootstrapped from it: NaN advantages on all its rows, no error. a1's
+    final row is read by its policy's forward pass beside a0's live row, or (a1 with a
+    policy of its own) is that policy's only row: no forward pass, its obs checked."""
+    policies = {"p0": GAE, "p1": GAE} if own_policy else {"shared": GAE}
+    mapping = {"a0": "p0", "a1": "p1"} if own_policy else None
+    cfg = config("test_nan_final_obs", num_envs=1, rollout_fragment_length=8,
+                 env_config={"nan": True}, policies=policies, policy_mapping_fn=mapping)
+    with EnvRunner(cfg) as runner, pytest.raises(
+        ValueError, match=r"sub-env 0, agent 'a1' \(its final obs\): .*NaN"
+    ):
+        runner.sample()
+
+
+def test_final_obs_without_nan_sample_as_before() -> None:
+    cfg = config("test_nan_final_obs", num_envs=1, rollout_fragment_length=8,
+                 env_config={"nan": False}, policies={"p0": GAE, "p1": GAE},
+                 policy_mapping_fn={"a0": "p0", "a1": "p1"})
+    with EnvRunner(cfg) as runner:
+        batch = runner.sample()
+    check_batch_invariants(batch)
+    assert not np.isnan(batch.policy_batches["p1"]["advantages"]).any()
 
 
 def test_a_connector_failing_for_another_reason_is_not_blamed_on_the_obs() -> None:

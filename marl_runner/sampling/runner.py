@@ -35,6 +35,7 @@ from marl_runner.sampling.policy_map import PolicyMap
 from marl_runner.sampling.policy_outputs import (
     Evaluated,
     policy_input,
+    refuse_nan_final_obs,
     refuse_nan_outputs,
     run_action_connectors,
     stored_columns,
@@ -456,6 +457,7 @@ class EnvRunner:
         for policy_id, rows in rows_by_policy.items():
             acting, inputs = policy_input(rows)
             if acting is not None and not len(acting):
+                refuse_nan_final_obs(policy_id, rows)
                 continue
             output = self.policy_map[policy_id].compute_actions_from_input_dict(
                 inputs, explore=explore, timestep=self._num_env_steps_total
