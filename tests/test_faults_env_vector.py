@@ -302,6 +302,8 @@ def test_every_sub_env_crashing_every_episode_keeps_cycling(kind):
 BAD_OUTPUT = [
     ("nan_reward", r"step returned reward nan for agent 'a0'; expected a finite number"),
     ("inf_reward", r"step returned reward -inf for agent 'a0'"),
+    ("huge_reward", r"step returned reward 1e\+300 for agent 'a0'; expected a finite number a "
+     r"float32 holds"),
     ("undeclared_obs", r"step returned an obs for agent 'ghost', which the env never declared"),
     ("undeclared_reward", r"step returned a reward for agent 'ghost', which the env never"),
     ("undeclared_flag", r"step returned a terminated flag for agent 'ghost'"),
@@ -310,13 +312,14 @@ BAD_OUTPUT = [
 
 
 class Malformed1:
-    """Picklable: sub-env 1 has the defect."""
+    """Picklable: sub-env 1 has the defect (from its step ``from_step`` on)."""
 
-    def __init__(self, defect: str) -> None:
+    def __init__(self, defect: str, from_step: int = 1) -> None:
         self.defect = defect
+        self.from_step = from_step
 
     def __call__(self, index: int) -> MalformedEnv:
-        return MalformedEnv(self.defect if index == 1 else "none")
+        return MalformedEnv(self.defect if index == 1 else "none", self.from_step)
 
 
 @BOTH
@@ -330,6 +333,21 @@ def test_bad_output_is_a_faulty_sub_env_when_restarts_are_on(kind, defect, messa
         assert "sub-env 1 (MalformedEnv): " in str(obs[1])
         assert re.search(message, str(obs[1]))
         assert obs[0] == {"a0": 0}
+
+
+@BOTH
+@pytest.mark.parametrize("defect", ["nan_reward", "huge_reward"])
+def test_a_bad_reward_after_good_steps_is_found(kind, defect):
+    """A worker checks a request's rewards in one pass once its sub-envs' keys were seen
+    clean: that pass must find what the per-agent check finds."""
+    with make_vec(kind, Malformed1(defect, from_step=4), num_workers=1, restart_failed=True) as vec:
+        vec.poll()
+        for _ in range(3):
+            obs, *_ = step_all(vec)
+            assert obs == {0: {"a0": 0}, 1: {"a0": 0}}
+        obs, _, terminateds, *_ = step_all(vec)
+        assert isinstance(obs[1], EnvError) and terminateds[1]["__all__"]
+        assert re.search(r"sub-env 1 \(MalformedEnv\): step returned reward", str(obs[1]))
 
 
 @BOTH

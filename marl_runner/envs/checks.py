@@ -8,6 +8,7 @@ obs in space) that cost a few set operations per step.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -16,8 +17,18 @@ from marl_runner.envs.errors import EnvError
 from marl_runner.envs.multi_agent_env import MultiAgentDict, StepResult
 
 _STEP_NAMES = ("obs", "rewards", "terminateds", "truncateds", "infos")
-_isfinite = math.isfinite
-_fsum = math.fsum  # an overflow (OverflowError) is left to the per-reward check
+# Batches hold rewards as float32: a reward beyond its range would be inf there.
+LARGEST_REWARD = float(np.finfo(np.float32).max)
+
+
+def rewards_fit(rewards: Iterable[Any]) -> bool:
+    """Whether every reward is a number float32 holds, in one C-level pass: if their
+    magnitudes sum to no more than its largest value, each is that small (a NaN or inf
+    sums to one). When not, the caller looks at each reward to name the bad one."""
+    try:
+        return math.fsum(map(abs, rewards)) <= LARGEST_REWARD
+    except (TypeError, ValueError, OverflowError):
+        return False
 
 
 def check_step_result(result: Any, env_id: int, env: Any) -> StepResult:
@@ -128,13 +139,8 @@ class EnvOutputCheck:
                 ("a truncated flag", truncateds),
             ):
                 self._learn_agents(field, values, "step")
-        if rewards:
-            try:
-                total_is_finite = _isfinite(_fsum(rewards.values()))
-            except (TypeError, ValueError, OverflowError):
-                total_is_finite = False
-            if not total_is_finite:
-                self._check_rewards(rewards)
+        if rewards and not rewards_fit(rewards.values()):
+            self._check_rewards(rewards)
         if self.check_spaces:
             self._check_obs(obs, "step")
 
@@ -174,10 +180,11 @@ class EnvOutputCheck:
                     f"{self._where()}: step returned reward {reward!r} "
                     f"({type(reward).__name__}) for agent {agent!r}; expected a finite number"
                 ) from None
-            if not finite:
+            if not finite or abs(reward) > LARGEST_REWARD:
                 raise EnvError(
                     f"{self._where()}: step returned reward {reward!r} for agent {agent!r}; "
-                    "expected a finite number"
+                    f"expected a finite number a float32 holds (|reward| <= {LARGEST_REWARD:.4g}"
+                    ": batches store rewards as float32)"
                 )
 
     def _check_obs(self, obs: MultiAgentDict, call: str) -> None:

@@ -21,13 +21,12 @@ from typing import Any
 
 import numpy as np
 
+from marl_runner.envs.checks import LARGEST_REWARD
 from marl_runner.envs.errors import EpisodeFault
 from marl_runner.envs.multi_agent_env import AgentID, MultiAgentDict
 
 # How many finished episode ids are remembered, to tell "finished" from "unknown".
 _FINISHED_MEMORY = 100_000
-# Batches store rewards as float32: a reward (or a sum of them) beyond this would be inf.
-_REWARD_LIMIT = float(np.finfo(np.float32).max)
 
 
 class ExternalEnvStopped(RuntimeError):
@@ -459,10 +458,10 @@ def _reward(agent: AgentID, reward: Any, episode_id: Any) -> float:
 
 
 def _check_reward(agent: AgentID, value: float, episode_id: Any, verb: str) -> None:
-    if not math.isfinite(value) or abs(value) > _REWARD_LIMIT:
+    if not math.isfinite(value) or abs(value) > LARGEST_REWARD:
         raise ValueError(
             f"log_returns({episode_id!r}): rewards of agent {agent!r} {verb} {value:g}; expected "
-            f"finite values within +-{_REWARD_LIMIT:.4g} (the float32 reward column)"
+            f"finite values within +-{LARGEST_REWARD:.4g} (the float32 reward column)"
         )
 
 

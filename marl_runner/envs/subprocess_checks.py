@@ -13,12 +13,11 @@ gets the per-sub-env checks, which name what is wrong.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from marl_runner.envs.base_env import EnvID
-from marl_runner.envs.checks import EnvOutputCheck
+from marl_runner.envs.checks import EnvOutputCheck, rewards_fit
 from marl_runner.envs.errors import EnvError
 from marl_runner.envs.reply_columns import REWARDS, ReplyColumns
 from marl_runner.envs.subprocess_protocol import Crash, Malformed
@@ -70,13 +69,12 @@ class RequestChecks:
             columns = ReplyColumns(results)
         keys = columns.keys()
         request = tuple(env_ids)
-        if not self._check_spaces and keys == self._cleared.get(request):
-            try:
-                rewards = math.fsum(columns.values(REWARDS))
-            except (TypeError, ValueError, OverflowError):
-                rewards = math.nan
-            if math.isfinite(rewards):
-                return True
+        if (
+            not self._check_spaces
+            and keys == self._cleared.get(request)
+            and rewards_fit(columns.values(REWARDS))
+        ):
+            return True
         passed = True
         for n, (env_id, result) in enumerate(zip(env_ids, results)):
             checked = self.check_one(env_id, result)
