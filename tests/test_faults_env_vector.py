@@ -304,6 +304,8 @@ BAD_OUTPUT = [
     ("inf_reward", r"step returned reward -inf for agent 'a0'"),
     ("huge_reward", r"step returned reward 1e\+300 for agent 'a0'; expected a finite number a "
      r"float32 holds"),
+    ("int_past_float_reward", r"step returned reward 10{400} for agent 'a0'; expected a finite"),
+    ("complex_reward", r"step returned reward 1j \(complex\) for agent 'a0'; expected a finite"),
     ("undeclared_obs", r"step returned an obs for agent 'ghost', which the env never declared"),
     ("undeclared_reward", r"step returned a reward for agent 'ghost', which the env never"),
     ("undeclared_flag", r"step returned a terminated flag for agent 'ghost'"),

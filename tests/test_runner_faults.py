@@ -289,22 +289,20 @@ def test_nan_model_outputs_are_refused_not_sampled(part: str) -> None:
 
 def test_the_nan_check_reads_custom_policy_columns_row_by_row() -> None:
     """(Found in review.) A custom policy's outputs may be objects, or several values per
-    row: objects are not checked, a [n, k] column is judged per row; a done row's NaN is
-    named as its final obs."""
+    row: objects are not checked, a [n, k] column is judged per row (and only rows that
+    act count: a done row's input, its final obs, is checked as an obs)."""
     from connectors.data import AgentRows
     from marl_runner.sampling.policy_outputs import Evaluated, refuse_nan_outputs
 
     rows = AgentRows({"env_ids": np.arange(4), "agent_ids": ["a", "b", "c", "d"]})
     values = np.zeros((4, 3))
+    values[2, 1] = np.nan
     logp = np.array([{}, {}, {}, {}], object)
     output = (np.zeros(4), [], {"action_logp": logp, "vf_preds": values})
-    refuse_nan_outputs("p", Evaluated(np.array([0, 1, 3]), rows, output))
-    values[2, 1] = np.nan
+    refuse_nan_outputs("p", Evaluated(np.array([0, 1, 3]), rows, output))  # row 2 is done
     with pytest.raises(ValueError, match=r"vf_preds is NaN on 1 of its 4 rows, the first one "
-                       r"of sub-env 2, agent 'c':"):
+                       r"of sub-env 2, agent 'c'"):
         refuse_nan_outputs("p", Evaluated(None, rows, output))
-    with pytest.raises(ValueError, match=r"sub-env 2, agent 'c' \(its final obs\)"):
-        refuse_nan_outputs("p", Evaluated(np.array([0, 1, 3]), rows, output))  # row 2 is done
 
 
 class NaNFinalObsEnv(MultiAgentEnv):
@@ -335,20 +333,27 @@ class NaNFinalObsEnv(MultiAgentEnv):
 
 register_env("test_nan_final_obs", NaNFinalObsEnv)
 GAE = {"model": {"type": "mlp", "hidden": [8]}, "config": {"gae": {"gamma": 0.9, "lambda": 0.9}}}
+RANDOM = {"policy_class": "marl_runner.policy:RandomPolicy"}
 
 
-@pytest.mark.parametrize("own_policy", [False, True], ids=["beside_a_live_agent", "alone"])
-def test_a_nan_final_obs_is_refused_not_handed_out_as_new_obs(own_policy: bool) -> None:
+@pytest.mark.parametrize(
+    ("own_policy", "policy"),
+    [(False, GAE), (True, GAE), (False, RANDOM)],
+    ids=["beside_a_live_agent", "alone", "random_policy"],
+)
+def test_a_nan_final_obs_is_refused_not_handed_out_as_new_obs(own_policy: bool, policy) -> None:
     """(Found by a probe.) A NaN final obs went into the batch as new_obs, and a truncated
-    trajectory's GAE bootstrapped from it: NaN advantages on all its rows, no error. a1's
-    final row is read by its policy's forward pass beside a0's live row, or (a1 with a
-    policy of its own) is that policy's only row: no forward pass, its obs checked."""
-    policies = {"p0": GAE, "p1": GAE} if own_policy else {"shared": GAE}
+    trajectory's GAE bootstrapped from it: NaN advantages on all its rows, no error. One
+    rule whatever else the round holds: a1's final row beside a0's live one, alone in its
+    policy's round (a1 with a policy of its own: no forward pass), or read by a policy whose
+    outputs are never NaN (found in review)."""
+    policies = {"p0": policy, "p1": policy} if own_policy else {"shared": policy}
     mapping = {"a0": "p0", "a1": "p1"} if own_policy else None
     cfg = config("test_nan_final_obs", num_envs=1, rollout_fragment_length=8,
                  env_config={"nan": True}, policies=policies, policy_mapping_fn=mapping)
     with EnvRunner(cfg) as runner, pytest.raises(
-        ValueError, match=r"sub-env 0, agent 'a1' \(its final obs\): .*NaN"
+        ValueError, match=r"the final obs is NaN on 1 of its \d rows, the first one of sub-env "
+        r"0, agent 'a1': the env gave an obs with NaN"
     ):
         runner.sample()
 

@@ -25,8 +25,8 @@ def rewards_fit(rewards: Iterable[Any]) -> bool:
     """Whether every reward is a number float32 holds, in one C-level pass: if their
     magnitudes sum to no more than its largest value, each is that small (a NaN or inf
     sums to one). When not, the caller looks at each reward to name the bad one."""
-    try:
-        return math.fsum(map(abs, rewards)) <= LARGEST_REWARD
+    try:  # (fabs: a complex number has an abs too)
+        return math.fsum(map(math.fabs, rewards)) <= LARGEST_REWARD
     except (TypeError, ValueError, OverflowError):
         return False
 
@@ -175,6 +175,8 @@ class EnvOutputCheck:
         for agent, reward in rewards.items():
             try:
                 finite = math.isfinite(reward)
+            except OverflowError:  # an int past any float
+                finite = False
             except TypeError:
                 raise EnvError(
                     f"{self._where()}: step returned reward {reward!r} "

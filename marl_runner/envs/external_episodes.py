@@ -19,8 +19,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from marl_runner.envs.checks import LARGEST_REWARD
 from marl_runner.envs.errors import EpisodeFault
 from marl_runner.envs.multi_agent_env import AgentID, MultiAgentDict

@@ -28,10 +28,10 @@ def _references(arrays: list, index: int) -> int:
     return sys.getrefcount(arrays[index])
 
 
-# What `_references` gives for an array only a pool's list holds, measured on this
-# interpreter, not assumed: what getrefcount counts besides the holders varies between
-# Python versions (3.14 borrows some references it used to count).
-_FREE_REFS = _references([np.empty(0)], 0)
+# An array only a list holds: `take` reads its count beside each candidate's, on the same
+# path, so what getrefcount counts besides the holders (it varies between Python versions:
+# 3.14 borrows some references older ones counted) is measured, never assumed.
+_ONLY_IN_A_LIST = [np.empty(0)]
 
 
 class ArrayPool:
@@ -56,8 +56,9 @@ class ArrayPool:
         """A free array of ``dtype`` and ``row_shape`` with at least ``min_rows`` rows
         (and not more than twice as many), or a new one."""
         arrays = self._arrays
+        free = _references(_ONLY_IN_A_LIST, 0)
         for index in range(len(arrays)):
-            if _references(arrays, index) != _FREE_REFS:
+            if _references(arrays, index) != free:
                 continue  # a batch still uses it
             array = arrays[index]
             if (

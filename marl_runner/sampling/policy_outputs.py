@@ -26,26 +26,32 @@ class Evaluated(NamedTuple):
 
 
 def refuse_nan_outputs(policy_id: str, evaluated: Evaluated) -> Evaluated:
-    """``evaluated``, unless the log-probs or value predictions of a row are NaN: a NaN model
-    output draws the first action (argmax) and stores NaN for training, so it is an error
-    naming the policy and the row's sub-env and agent. Done rows count too: theirs is the
-    final obs, which the batch holds as ``new_obs`` and GAE bootstraps from."""
+    """``evaluated``, unless the log-probs or value predictions of a row that acts are NaN:
+    a NaN model output draws the first action (argmax) and stores NaN for training, so it
+    is an error naming the policy and the row's sub-env and agent."""
     acting, rows, (_, _, extra) = evaluated
     for name in ("action_logp", "vf_preds"):
         nan_rows = _nan_rows(extra.get(name))
-        if nan_rows is not None:
-            row = int(nan_rows[0])
-            final = acting is not None and row not in acting
-            raise _nan_error(policy_id, name, nan_rows, rows, final, _NAN_OUTPUT)
+        if nan_rows is not None and acting is not None:
+            nan_rows = nan_rows[np.isin(nan_rows, acting)]
+        if nan_rows is not None and len(nan_rows):
+            raise _nan_error(policy_id, name, nan_rows, rows, _NAN_OUTPUT)
     return evaluated
 
 
-def refuse_nan_final_obs(policy_id: str, rows: AgentRows) -> None:
-    """Where every row of a policy's round is done (no forward pass: no action is needed),
-    their obs, the final ones, are checked for NaN as the model's outputs would have been."""
-    nan_rows = _nan_rows(rows.get("obs"))
+def refuse_nan_final_obs(policy_id: str, rows: AgentRows, acting: np.ndarray) -> None:
+    """Rows that are done (not ``acting``) hold their agent's final obs, which the batch
+    hands out as ``new_obs`` and GAE bootstraps from: one with NaN is an error, whatever
+    else the round holds (the model's outputs on it are not read)."""
+    obs = rows.get("obs")
+    if type(obs) is not np.ndarray or obs.dtype.kind not in "fc":
+        return
+    final = np.ones(len(obs), bool)
+    final[acting] = False
+    nan_rows = _nan_rows(obs[final])
     if nan_rows is not None:
-        raise _nan_error(policy_id, "obs", nan_rows, rows, True, _NAN_OBS)
+        nan_rows = np.flatnonzero(final)[nan_rows]
+        raise _nan_error(policy_id, "the final obs", nan_rows, rows, _NAN_OBS)
 
 
 def _nan_rows(column: Any) -> np.ndarray | None:
@@ -61,22 +67,25 @@ def _nan_rows(column: Any) -> np.ndarray | None:
     return np.flatnonzero(np.isnan(column).reshape(len(column), -1).any(axis=1))
 
 
-_NAN_OBS = "the env gave an obs with NaN (check_env_outputs: true names it as it arrives)"
+_NAN_OBS = (
+    "the env gave an obs with NaN, or an agent connector made one (check_env_outputs: true "
+    "names the env's as they arrive)"
+)
 _NAN_OUTPUT = (
-    "the model's weights are NaN (a diverged run), or the env gave an obs with NaN "
-    "(check_env_outputs: true names it as it arrives)"
+    "the model's weights are NaN (a diverged run), or its input is (an env obs with NaN: "
+    "check_env_outputs: true names it as it arrives)"
 )
 
 
 def _nan_error(
-    policy_id: str, name: str, nan_rows: np.ndarray, rows: AgentRows, final: bool, cause: str
+    policy_id: str, name: str, nan_rows: np.ndarray, rows: AgentRows, cause: str
 ) -> ValueError:
     row = int(nan_rows[0])
     return ValueError(
         f"policy {policy_id!r}: {name} is NaN on {len(nan_rows)} of its {len(rows)} rows, "
         f"the first one of sub-env {int(rows['env_ids'][row])}, agent "
-        f"{rows['agent_ids'][row]!r}{' (its final obs)' if final else ''}: {cause}; no "
-        "action is drawn from NaN, and no NaN obs goes into a batch"
+        f"{rows['agent_ids'][row]!r}: {cause}; no action is drawn from NaN, and no NaN obs "
+        "goes into a batch"
     )
 
 

@@ -456,9 +456,10 @@ class EnvRunner:
         explore = self.config.explore
         for policy_id, rows in rows_by_policy.items():
             acting, inputs = policy_input(rows)
-            if acting is not None and not len(acting):
-                refuse_nan_final_obs(policy_id, rows)
-                continue
+            if acting is not None:  # some rows are done
+                refuse_nan_final_obs(policy_id, rows, acting)
+                if not len(acting):
+                    continue
             output = self.policy_map[policy_id].compute_actions_from_input_dict(
                 inputs, explore=explore, timestep=self._num_env_steps_total
             )

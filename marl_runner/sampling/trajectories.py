@@ -243,20 +243,20 @@ class PolicyTrajectories:
         if plan.opening is None:
             self._keep(plan.keep_front, plan.keep_finals, hand_off=False)
             return None, plan.finished, _NO_SEGMENTS
-        finished, keep_front, keep_finals, opening, closing, first_keys, first_rows = plan
-        num_rows = len(opening)
+        num_rows = len(plan.opening)
         # The usual case: the opening rows are the first ones stored; the batch takes them
         # where they lie.
-        in_place = bool(opening[-1] == num_rows - 1)
-        batch_keys = all_keys[opening]
-        final_rows = np.flatnonzero(closing >= num_front)
-        # The build is where the process holds the most it ever does: the row-sized index
-        # arrays go before the batch's columns are made (the plan's working ones are gone
-        # with _plan_transitions) or right after.
-        del plan
-        batch = self._transitions(front, finals, opening, closing, in_place, keys.capacity)
-        del opening, closing
-        self._keep(keep_front, keep_finals, hand_off=in_place)
+        in_place = bool(plan.opening[-1] == num_rows - 1)
+        batch_keys = all_keys[plan.opening]
+        final_rows = np.flatnonzero(plan.closing >= num_front)
+        batch = self._transitions(
+            front, finals, plan.opening, plan.closing, in_place, keys.capacity
+        )
+        # The build is where the process holds the most it ever does: the plan's row-sized
+        # working arrays died with _plan_transitions, and these two go now.
+        plan = plan._replace(opening=None, closing=None)
+        self._keep(plan.keep_front, plan.keep_finals, hand_off=in_place)
+        first_keys, first_rows = plan.first_keys, plan.first_rows
         batch["eps_id"] = keys.eps_id[batch_keys]
         batch["env_id"] = keys.env_id[batch_keys]
         batch["agent_index"] = keys.agent_index[batch_keys]
@@ -279,7 +279,7 @@ class PolicyTrajectories:
         _add_rewards_after_done(batch, final_rows, batch_keys[final_rows], keys)
         if keys.capacity <= 1 << 16:  # held until post-processing is done: a quarter the bytes
             batch_keys = batch_keys.astype(np.uint16)
-        return batch, finished, Segments(batch_keys, keys.capacity)
+        return batch, plan.finished, Segments(batch_keys, keys.capacity)
 
     def _transitions(
         self,

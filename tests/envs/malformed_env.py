@@ -26,6 +26,8 @@ _DEFECTS: dict[str, Any] = {
     "inf_reward": (_GOOD_STEP[0], {"a0": float("-inf")}, *_GOOD_STEP[2:]),
     # Finite, but past float32 (the batch's reward column would hold inf).
     "huge_reward": (_GOOD_STEP[0], {"a0": 1e300}, *_GOOD_STEP[2:]),
+    "int_past_float_reward": (_GOOD_STEP[0], {"a0": 10**400}, *_GOOD_STEP[2:]),
+    "complex_reward": (_GOOD_STEP[0], {"a0": 1j}, *_GOOD_STEP[2:]),
     "undeclared_obs": ({"a0": 0, "ghost": 0}, *_GOOD_STEP[1:]),
     "undeclared_reward": (_GOOD_STEP[0], {"a0": 0.0, "ghost": 1.0}, *_GOOD_STEP[2:]),
     "undeclared_flag": (
@@ -43,6 +45,7 @@ class MalformedEnv(MultiAgentEnv):
 
     Step defects: `four_values`, `not_a_tuple`, `obs_not_dict`,
     `no_all_terminated`, `no_all_truncated`, `nan_reward`, `inf_reward`, `huge_reward`,
+    `int_past_float_reward`, `complex_reward`,
     `undeclared_obs` / `undeclared_reward` / `undeclared_flag` (for agent
     `ghost`, which has no space), `obs_out_of_space` (obs 7 for a
     `Discrete(2)` space) (or `none` for well-formed output); reset defect:
