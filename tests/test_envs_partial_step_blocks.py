@@ -499,10 +499,14 @@ def _chaos_env(index: int, crash_rate: float = 0.0, obs: str = "box") -> ChaosEn
     return ChaosEnv(obs=obs, steady=0.7, most_rounds=8, crash_rate=crash_rate)
 
 
+SLOW = pytest.mark.slow  # (the other cases of the test run by default)
+
+
 @pytest.mark.parametrize(
     "seed, restart, crash_rate, obs",
-    [(1, False, 0.0, "box"), (2, True, 0.05, "box"), (3, True, 0.05, "uint8"),
-     (4, False, 0.0, "float64_sometimes"), (5, False, 0.0, "box0")],
+    [pytest.param(1, False, 0.0, "box", marks=SLOW), (2, True, 0.05, "box"),
+     (3, True, 0.05, "uint8"), pytest.param(4, False, 0.0, "float64_sometimes", marks=SLOW),
+     pytest.param(5, False, 0.0, "box0", marks=SLOW)],
 )
 def test_chaos_sub_envs_equal_sync_and_the_dict_path(
     seed, restart, crash_rate, obs, monkeypatch, partial_rows
@@ -527,7 +531,7 @@ CONNECT_FOUR = {"name": "pettingzoo.classic.connect_four_v3:env", "api": "aec"}
     "env_config, rounds, least_mixed",
     [
         # KAZ's rewards are Python ints (kept ints): never a block, nothing to mix.
-        pytest.param(KAZ, 50, 0, id="kaz"),
+        pytest.param(KAZ, 50, 0, id="kaz", marks=SLOW),
         pytest.param(SPREAD, 14, 0, id="simple_spread"),
         pytest.param(CONNECT_FOUR, 30, 0, id="connect_four"),
     ],

@@ -102,6 +102,7 @@ def test_same_results_as_sync_with_crashes_and_turns():
     compare_with_sync(mixed_env, num_envs=3, num_workers=3, rounds=40)
 
 
+@pytest.mark.slow  # (4-5 s; the mixed and partial-block comparisons run by default)
 def test_same_results_as_sync_kaz():
     factory = EnvFactory(
         {

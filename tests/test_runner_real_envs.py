@@ -125,6 +125,7 @@ register_env("test_generated_mask_info", _generated_env)
 register_env("test_generated_parallel", _generated_parallel_env)
 
 
+@pytest.mark.slow  # (4-7 s of long episodes; MaskInfoEnv covers info masks by default)
 def test_generated_agents_with_info_masks_spawn_die_and_never_pick_masked_actions() -> None:
     tracker = EpisodeTracker()
     # PettingZoo's generated env now and then selects a dead agent again, which breaks the
