@@ -9,6 +9,7 @@ raises instead of looping.
 from __future__ import annotations
 
 import logging
+import math
 import pickle
 import traceback
 from collections.abc import Callable
@@ -119,10 +120,11 @@ class EpisodeLifecycle:
             config.max_episode_steps is not None and config.batch_mode == "complete_episodes"
         )
         # When a running episode is warned of: at max_episode_steps, or, when complete_episodes
-        # would wait for it and hold its rows without a limit, at a step count none should reach.
-        self._warn_after_steps = config.max_episode_steps
-        if self._warn_after_steps is None and config.batch_mode == "complete_episodes":
-            self._warn_after_steps = UNLIMITED_EPISODE_WARNING_STEPS
+        # would wait for it and hold its rows without a limit, at a step count none should
+        # reach; else never (inf: one comparison serves every case).
+        self._warn_after_steps: float = config.max_episode_steps or (
+            UNLIMITED_EPISODE_WARNING_STEPS if config.batch_mode == "complete_episodes" else math.inf
+        )
         self._warned_long_episode = False
         self._episode_ids = EpisodeIds()
         # Bound once: every new episode takes them.
@@ -204,9 +206,9 @@ class EpisodeLifecycle:
         for episode in episodes:
             episode.length += 1
         limit = self._warn_after_steps
-        if limit is not None and not self._warned_long_episode:
-            if max(map(_LENGTH, episodes)) > limit:  # (at C level: this runs every round)
-                self._warn_long(next(e for e in episodes if e.length > limit))
+        # (The longest at C level: this runs every round.)
+        if not self._warned_long_episode and max(map(_LENGTH, episodes)) > limit:
+            self._warn_long(next(e for e in episodes if e.length > limit))
 
     def new_slot(self, episode: MultiAgentEpisode, agent_id: Any) -> AgentSlot:
         """A first-time agent's slot: its policy mapped (and built), its trajectory key."""
@@ -363,14 +365,13 @@ class EpisodeLifecycle:
     def _advance(self, episode: MultiAgentEpisode) -> None:
         episode.length += 1
         self._sub_env_steps[episode.env_id] += 1
-        limit = self._warn_after_steps
-        if limit is not None and episode.length > limit and not self._warned_long_episode:
+        if episode.length > self._warn_after_steps and not self._warned_long_episode:
             self._warn_long(episode)
 
     def _warn_long(self, episode: MultiAgentEpisode) -> None:
         """Once per runner: an episode ran past ``_warn_after_steps`` env steps."""
         self._warned_long_episode = True
-        limit = self._warn_after_steps
+        limit = int(self._warn_after_steps)
         if self._max_episode_steps is not None:
             logger.warning(
                 "sub-env %d: an episode has not ended after max_episode_steps=%d env steps; "
