@@ -6,6 +6,8 @@ from typing import Any
 
 import numpy as np
 
+_EMPTY_INFO: dict = {}
+
 
 def owned_copy(value: Any) -> Any:
     """``value`` with its arrays copied and its dicts, lists and tuples rebuilt.
@@ -24,3 +26,19 @@ def owned_copy(value: Any) -> Any:
     if isinstance(value, tuple):
         return tuple(owned_copy(item) for item in value)
     return value
+
+
+def owned_infos(infos: dict) -> dict:
+    """A step's infos as the batch may keep them: copied (see ``owned_copy``) when any
+    agent's info holds something, else each empty info one shared, read-only dict.
+
+    The runner keeps a row's info dict in the batch, so an env that keeps its info
+    dicts and changes them in place next step (or fills an empty one) would change the
+    rows already sampled; obs need no such copy, they are stacked before the next step.
+    """
+    values = infos.values()
+    if any(values):
+        return owned_copy(infos)
+    if set(map(type, values)) <= {dict}:
+        return dict.fromkeys(infos, _EMPTY_INFO)
+    return {agent: {} if type(info) is dict else info for agent, info in infos.items()}

@@ -19,7 +19,7 @@ from marl_runner.envs.base_env import (
 from marl_runner.envs.checks import EnvOutputCheck, check_reset_result, check_step_result
 from marl_runner.envs.errors import EnvError, EpisodeFault
 from marl_runner.envs.multi_agent_env import AgentID, MultiAgentDict, MultiAgentEnv
-from marl_runner.envs.owned_copies import owned_copy
+from marl_runner.envs.owned_copies import owned_copy, owned_infos
 
 
 class SyncVectorEnv(BaseEnv):
@@ -125,6 +125,8 @@ class SyncVectorEnv(BaseEnv):
                     obs, rewards, terminateds, truncateds, infos = owned_copy(
                         (obs, rewards, terminateds, truncateds, infos)
                     )
+                else:
+                    infos = owned_infos(infos)
                 ready[0][env_id] = obs
                 ready[1][env_id] = rewards
                 ready[2][env_id] = terminateds
@@ -218,7 +220,7 @@ class SyncVectorEnv(BaseEnv):
             else:
                 self._note_crash(env_id)
             raise
-        return obs, infos
+        return obs, owned_infos(infos)
 
     def _fail(self, ready: PollDicts, env_id: EnvID, error: Exception) -> None:
         self._note_crash(env_id)
