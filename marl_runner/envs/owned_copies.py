@@ -29,16 +29,15 @@ def owned_copy(value: Any) -> Any:
 
 
 def owned_infos(infos: dict) -> dict:
-    """A step's infos as the batch may keep them: copied (see ``owned_copy``) when any
-    agent's info holds something, else each empty info one shared, read-only dict.
+    """A step's infos as the batch may keep them: one shared, read-only empty dict
+    for each agent when every info is an empty dict, else copied (see ``owned_copy``).
 
     The runner keeps a row's info dict in the batch, so an env that keeps its info
     dicts and changes them in place next step (or fills an empty one) would change the
     rows already sampled; obs need no such copy, they are stacked before the next step.
     """
-    values = infos.values()
-    if any(values):
-        return owned_copy(infos)
-    if set(map(type, values)) <= {dict}:
-        return dict.fromkeys(infos, _EMPTY_INFO)
-    return {agent: {} if type(info) is dict else info for agent, info in infos.items()}
+    try:
+        all_empty = list(infos.values()).count(_EMPTY_INFO) == len(infos)  # (None, 0 != {})
+    except ValueError:  # an array info: `==` gives no one truth value
+        all_empty = False
+    return dict.fromkeys(infos, _EMPTY_INFO) if all_empty else owned_copy(infos)
