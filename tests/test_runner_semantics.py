@@ -423,3 +423,31 @@ def test_episode_ids_are_positive_int64_and_differ_between_runners_with_one_seed
         assert shared["eps_id"].dtype == np.int64 and (shared["eps_id"] > 0).all()
         ids.append(set(shared["eps_id"].tolist()))
     assert len(ids[0]) >= 4 and not ids[0] & ids[1]
+
+
+@pytest.mark.parametrize(
+    ("agent_ids", "spawn_last"),
+    [([0, "0"], False), (["0", 0], False), (["a", 7, "7"], True)],
+    ids=["int_first", "str_first", "spawned"],
+)
+@pytest.mark.parametrize("vectorize", ["sync", "subprocess"])
+def test_agents_whose_ids_read_alike_as_text_are_refused_by_name(
+    agent_ids: list, spawn_last: bool, vectorize: str
+) -> None:
+    """0 and '0' are two agents to the env, one in the agent_id column and files."""
+    cfg = config(TESTING + "AgentIdsEnv", num_envs=1, rollout_fragment_length=4,
+                 env_config={"agent_ids": agent_ids, "spawn_last": spawn_last},
+                 vectorize=vectorize)
+    with EnvRunner(cfg) as runner:
+        with pytest.raises(ValueError, match=r"sub-env 0: agents .* read the same as text"):
+            runner.sample()
+
+
+def test_ids_of_other_types_that_read_differently_sample_as_str_ids_do() -> None:
+    cfg = config(TESTING + "AgentIdsEnv", num_envs=2, rollout_fragment_length=8,
+                 env_config={"agent_ids": ["a", 0, 1, (2, 3)], "spawn_last": True})
+    with EnvRunner(cfg) as runner:
+        batch = runner.sample()
+    check_batch_invariants(batch, rollout_fragment_length=8)
+    shared = batch.policy_batches["shared"]
+    assert set(shared["agent_id"]) == {"a", "0", "1", "(2, 3)"}

@@ -9,6 +9,7 @@ from operator import itemgetter
 from time import perf_counter
 from typing import Any
 
+from marl_runner.envs.errors import EnvError
 from marl_runner.sampling.rewards import RewardLedger
 
 
@@ -123,6 +124,8 @@ class MultiAgentEpisode:
         self.last_raw_obs: dict[Any, Any] = {}
         self._map_agent = map_agent
         self._policy_cache: dict[Any, str] = {}
+        # ``str(agent_id) -> agent_id``, kept once an id that is not a str shows up.
+        self.agent_names: dict[str, Any] | None = None
 
     def policy_for(self, agent_id: Any, refresh: bool = False) -> str:
         """The agent's policy id, mapped once per episode unless ``refresh``."""
@@ -133,6 +136,24 @@ class MultiAgentEpisode:
         policy_id = self._map_agent(agent_id, self)
         self._policy_cache[agent_id] = policy_id
         return policy_id
+
+    def claim_name(self, agent_id: Any) -> None:
+        """Refuses a new agent whose id reads as text like another agent's (``0`` and
+        ``'0'``): the batch's ``agent_id`` column and episode files hold ids as text,
+        where the two would be one agent. Str ids that differ read differently, so the
+        runner calls this once an id of another type shows up in the episode."""
+        names = self.agent_names
+        if names is None:
+            names = self.agent_names = {str(other): other for other in self.slots}
+        name = str(agent_id)
+        other = names.setdefault(name, agent_id)
+        if other != agent_id:
+            raise EnvError(
+                f"sub-env {self.env_id}: agents {other!r} and {agent_id!r} are different "
+                f"agents whose ids read the same as text ({name!r}), as the batch's agent_id "
+                "column and episode files hold them: give the env's agents ids that differ "
+                "as text"
+            )
 
     def get_agents(self) -> list:
         """Agents that have observed in this episode, in order of appearance."""

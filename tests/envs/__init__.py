@@ -15,6 +15,7 @@ from marl_runner.bench.envs import CheapEnv, CrashingEnvError, RandomFaultEnv, R
 from tests.envs.compare import assert_identical, assert_same
 from tests.envs.crashing_env import CrashingEnv
 from tests.envs.lifecycle_envs import (
+    AgentIdsEnv,
     DyingAgentsEnv,
     NeverEndingOnEvenSeedsEnv,
     NoObsEnv,
@@ -44,6 +45,7 @@ from tests.envs.space_envs import (
 )
 
 __all__ = [
+    "AgentIdsEnv",
     "BoxActionEnv",
     "CheapEnv",
     "CrashingEnv",

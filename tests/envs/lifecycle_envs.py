@@ -239,3 +239,33 @@ class NeverEndingOnEvenSeedsEnv(MultiAgentEnv):
         over = not self.never_ends and self.t == self.episode_len
         obs = {"a0": np.array([self.t], np.float32)}
         return obs, {"a0": 1.0}, {"__all__": over, "a0": over}, {"__all__": False}, {}
+
+
+class AgentIdsEnv(MultiAgentEnv):
+    """Agents with the given ids (``agent_ids``; ``spawn_last``: the last one appears
+    from step 2 on), each observing ``[t]`` and rewarded 1.0 a step; 4 steps, truncated."""
+
+    observation_spaces: dict = {}
+    action_spaces: dict = {}
+
+    def __init__(self, agent_ids: list, spawn_last: bool = False) -> None:
+        self.possible_agents = list(agent_ids)
+        self.observation_spaces = dict.fromkeys(
+            agent_ids, gym.spaces.Box(0.0, 100.0, (1,), np.float32)
+        )
+        self.action_spaces = dict.fromkeys(agent_ids, gym.spaces.Discrete(2))
+        self.spawn_last, self.t = spawn_last, 0
+
+    def _agents(self) -> list:
+        late = self.spawn_last and self.t < 2
+        return self.possible_agents[:-1] if late else self.possible_agents
+
+    def reset(self, seed: int | None = None, options: dict | None = None) -> tuple:
+        self.t = 0
+        return {agent: np.array([0.0], np.float32) for agent in self._agents()}, {}
+
+    def step(self, actions: dict) -> tuple:
+        self.t += 1
+        agents = self._agents()
+        obs = {agent: np.array([self.t], np.float32) for agent in agents}
+        return obs, dict.fromkeys(agents, 1.0), {"__all__": False}, {"__all__": self.t == 4}, {}
