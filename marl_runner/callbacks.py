@@ -27,7 +27,8 @@ class Callbacks:
         """The episode finished, or was dropped as faulty (``episode.faulty``)."""
 
     def on_postprocess_trajectory(self, **kwargs: Any) -> None:
-        """One agent's trajectory was post-processed; may edit ``postprocessed_batch``."""
+        """One agent's trajectory was post-processed; may edit ``postprocessed_batch`` in
+        place (``original_batches``, the other agents' trajectories, stay as sampled)."""
 
     def on_sample_end(self, **kwargs: Any) -> None:
         """``sample()`` is about to return ``samples``."""

@@ -24,7 +24,7 @@ def postprocess_trajectories(
     ``built`` maps policy id to (batch, its ``Segments``). A policy in
     ``wanting_policies`` gets each trajectory through its
     ``postprocess_trajectory``, with the other agents' trajectories of the
-    same episode; ``on_trajectory`` (the ``on_postprocess_trajectory``
+    same episode as sampled; ``on_trajectory`` (the ``on_postprocess_trajectory``
     callback, when overridden) may edit the result in place. Their batches
     come out in key order, one trajectory after another.
     """
@@ -38,7 +38,12 @@ def postprocess_trajectories(
             continue
         if by_episode is None:
             in_key_order = {pid: b.select(s.order) for pid, (b, s) in built.items()}
-            by_episode = _trajectories_by_episode(built, in_key_order, key_table)
+            # The callback may edit its trajectory in place: the other agents' trajectories
+            # it (and a later agent's post-processing) is shown come from a copy, as sampled.
+            as_sampled = in_key_order if on_trajectory is None else {
+                pid: b.select(s.order) for pid, (b, s) in built.items()
+            }
+            by_episode = _trajectories_by_episode(built, as_sampled, key_table)
         batch = in_key_order[policy_id]
         pieces = []
         for key, start, stop in segments.table.tolist():
