@@ -252,6 +252,8 @@ def test_requests_over_the_concurrency_limit_get_503_with_retry_after():
     with served(config, max_concurrency=1) as handle:
         status, first = handle.post_json("start_episode", {})
         assert status == 200
+        # The first answer can reach us before its handler has counted itself out.
+        wait_for(lambda: handle.server._in_progress == 0)
         # It waits for the only episode: the only request handled at once.
         thread = threading.Thread(target=_append_answer_or_error, args=(handle, waiting))
         thread.start()
