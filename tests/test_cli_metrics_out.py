@@ -22,6 +22,7 @@ from marl_runner import Callbacks
 from marl_runner.bench.envs.cheap_env import CheapEnv
 from marl_runner.checks import check_batch_invariants
 from marl_runner.cli import main
+from marl_runner.cli.common import BatchFileWriter
 from marl_runner.client import PolicyClient
 from marl_runner.io import read_batches
 from marl_runner.metrics_log import read_metrics_log
@@ -194,6 +195,37 @@ def test_ctrl_c_or_sigterm_writes_every_finished_episode(tmp_path, capsys, callb
     records = read_metrics_log(log)
     assert sum(r["episodes"] for r in records) == 20
     check_records_add_up(records, *batch_steps(out))
+    assert "wrote 3 batches (20 episodes, 500 env steps)" in captured.out
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_second_signal_while_the_last_batch_is_written_waits_for_it(
+    tmp_path, capfd, monkeypatch, signum
+) -> None:
+    """A double tap whose second Ctrl-C (or SIGTERM) lands while the batch of the rows
+    sampled so far is written: that batch used to be lost, finished episodes and all,
+    without a word. The write now ends first; the run stops as the first signal asked."""
+    write = BatchFileWriter.write
+
+    def write_with_a_second_signal(self, batch, index):
+        if index == 3:
+            os.kill(os.getpid(), signum)
+            time.sleep(0.1)  # the handler runs here
+        return write(self, batch, index)
+
+    monkeypatch.setattr(BatchFileWriter, "write", write_with_a_second_signal)
+    out = tmp_path / "out"
+    first = "CtrlCMidSample" if signum == signal.SIGINT else "TerminateMidSample"
+    code = main(
+        [
+            "sample", str(SIMPLE_SPREAD), "--steps", "100000", *SMALL, "--out", str(out),
+            "--set", f"callbacks=tests.test_cli_metrics_out:{first}",
+        ]
+    )
+    captured = capfd.readouterr()  # (the signal handler writes to fd 2 itself)
+    assert code == (130 if signum == signal.SIGINT else 143), captured.err
+    assert [b.env_steps() for b in read_batches(out)] == [200, 200, 100]
+    assert "still writing what was sampled" in captured.err
     assert "wrote 3 batches (20 episodes, 500 env steps)" in captured.out
 
 

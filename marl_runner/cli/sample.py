@@ -216,18 +216,19 @@ def _sample_until(
                     batches, counts, unit, target, progress, group.totals, lambda: stop.requested
                 ):
                     if writer is not None:
-                        writer.write(batch, counts.batches + 1)
+                        with stop.writing():
+                            writer.write(batch, counts.batches + 1)
                     run_metrics.poll()
             except Exception:
                 # A crash (a sub-env failing with restarts off, say) raises after the other
                 # sub-envs' data is kept: it is written before the error is reported.
-                _write_rest_or_warn(group, counts, progress, writer, "error")
+                _write_rest_or_warn(group, counts, progress, writer, "error", stop)
                 raise
-            _write_rest(group, counts, progress, writer)
+            _write_rest(group, counts, progress, writer, stop)
         except KeyboardInterrupt as exc:
             # The second Ctrl-C or SIGTERM (an env that hangs): the episodes finished before
             # it are still written (flush() steps no env).
-            _write_rest_or_warn(group, counts, progress, writer, "stop")
+            _write_rest_or_warn(group, counts, progress, writer, "stop", stop)
             return exit_code_of(exc)
         finally:
             batches.close()
@@ -240,24 +241,30 @@ def _write_rest_or_warn(
     progress: ProgressReporter,
     writer: BatchFileWriter | None,
     ended_by: str,
+    stop: GracefulStop,
 ) -> None:
     """``_write_rest`` on the way out of a run that failed or was stopped hard: if that
     fails too (another Ctrl-C, say), a warning says so and the way out goes on."""
     try:
-        _write_rest(group, counts, progress, writer)
+        _write_rest(group, counts, progress, writer, stop)
     except BaseException as failed:
         logger.warning("the rows sampled before the %s were not written: %r", ended_by, failed)
 
 
 def _write_rest(
-    group: Any, counts: SampleCounts, progress: ProgressReporter, writer: BatchFileWriter | None
+    group: Any,
+    counts: SampleCounts,
+    progress: ProgressReporter,
+    writer: BatchFileWriter | None,
+    stop: GracefulStop,
 ) -> None:
     """The group's rows not yet handed out (``flush()``), written and counted as a batch."""
-    rest = group.flush()
-    if rest.agent_steps():
-        if writer is not None:
-            writer.write(rest, counts.batches + 1)
-        count_batch(rest, counts, progress, group.totals)
+    with stop.writing():
+        rest = group.flush()
+        if rest.agent_steps():
+            if writer is not None:
+                writer.write(rest, counts.batches + 1)
+            count_batch(rest, counts, progress, group.totals)
 
 
 def _require_ray() -> None:

@@ -57,7 +57,8 @@ class GracefulStop:
     """While a run samples, the first Ctrl-C or SIGTERM asks it to stop (``on_request``,
     which only sets flags) so that it writes what it has sampled, finished episodes
     included; a second one stops it at once (``KeyboardInterrupt`` / ``Terminated``), for
-    an env that hangs. Outside the main thread it installs nothing."""
+    an env that hangs, unless it comes while a batch is written (``writing``). Outside
+    the main thread it installs nothing."""
 
     _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -65,6 +66,8 @@ class GracefulStop:
         self._on_request = on_request
         self._previous: dict[int, object] = {}
         self._sigterm_seen = False
+        self._writing = False
+        self._waited = False
         self.signum: int | None = None
 
     @property
@@ -92,8 +95,24 @@ class GracefulStop:
                 handler = signal.SIG_IGN
             signal.signal(signum, handler)
 
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[None]:
+        """While the block writes sampled rows (no env is stepped, so nothing there
+        hangs), the next Ctrl-C or SIGTERM after the first waits for it: stopping at once
+        would lose the batch being written, finished episodes and all. The run stops once
+        the block is done, as the first signal asked; one more signal stops it at once."""
+        self._writing, self._waited = True, False
+        try:
+            yield
+        finally:
+            self._writing = False
+
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self._sigterm_seen = self._sigterm_seen or signum == signal.SIGTERM
+        if self.signum is not None and self._writing and not self._waited:
+            self._waited = True
+            os.write(2, b"\nstopping: still writing what was sampled (again to stop at once)\n")
+            return
         if self.signum is not None:
             if signum == signal.SIGTERM:
                 signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the clean-up is not cut short
