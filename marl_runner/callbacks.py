@@ -28,7 +28,9 @@ class Callbacks:
 
     def on_postprocess_trajectory(self, **kwargs: Any) -> None:
         """One agent's trajectory was post-processed; may edit ``postprocessed_batch`` in
-        place (``original_batches``, the other agents' trajectories, stay as sampled)."""
+        place. ``original_batches``, the other agents' trajectories, come from a copy of
+        the policy batches made for this hook (their arrays as sampled; the dicts of their
+        ``infos`` column are shared, read-only), so such edits do not show in them."""
 
     def on_sample_end(self, **kwargs: Any) -> None:
         """``sample()`` is about to return ``samples``."""

@@ -427,14 +427,16 @@ def test_episode_ids_are_positive_int64_and_differ_between_runners_with_one_seed
 
 @pytest.mark.parametrize(
     ("agent_ids", "spawn_last"),
-    [([0, "0"], False), (["0", 0], False), (["a", 7, "7"], True)],
-    ids=["int_first", "str_first", "spawned"],
+    [([0, "0"], False), (["0", 0], False), (["a", 7, "7"], True),
+     ([np.float32(0.1), 0.1], False)],
+    ids=["int_first", "str_first", "spawned", "equal_numbers_of_two_types"],
 )
 @pytest.mark.parametrize("vectorize", ["sync", "subprocess"])
 def test_agents_whose_ids_read_alike_as_text_are_refused_by_name(
     agent_ids: list, spawn_last: bool, vectorize: str
 ) -> None:
-    """0 and '0' are two agents to the env, one in the agent_id column and files."""
+    """0 and '0' are two agents to the env, one in the agent_id column and files; so are
+    np.float32(0.1) and 0.1, two dict keys that even compare equal."""
     cfg = config(TESTING + "AgentIdsEnv", num_envs=1, rollout_fragment_length=4,
                  env_config={"agent_ids": agent_ids, "spawn_last": spawn_last},
                  vectorize=vectorize)

@@ -220,7 +220,7 @@ class SyncVectorEnv(BaseEnv):
             else:
                 self._note_crash(env_id)
             raise
-        return obs, owned_infos(infos)
+        return obs, infos
 
     def _fail(self, ready: PollDicts, env_id: EnvID, error: Exception) -> None:
         self._note_crash(env_id)

@@ -125,7 +125,7 @@ class MultiAgentEpisode:
         self._map_agent = map_agent
         self._policy_cache: dict[Any, str] = {}
         # ``str(agent_id) -> agent_id``, kept once an id that is not a str shows up.
-        self.agent_names: dict[str, Any] | None = None
+        self._names: dict[str, Any] | None = None
 
     def policy_for(self, agent_id: Any, refresh: bool = False) -> str:
         """The agent's policy id, mapped once per episode unless ``refresh``."""
@@ -141,19 +141,21 @@ class MultiAgentEpisode:
         """Refuses a new agent whose id reads as text like another agent's (``0`` and
         ``'0'``): the batch's ``agent_id`` column and episode files hold ids as text,
         where the two would be one agent. Str ids that differ read differently, so the
-        runner calls this once an id of another type shows up in the episode."""
-        names = self.agent_names
+        names are kept only once an id of another type shows up in the episode."""
+        names = self._names
         if names is None:
-            names = self.agent_names = {str(other): other for other in self.slots}
+            if type(agent_id) is str:
+                return
+            names = self._names = {str(other): other for other in self.slots}
         name = str(agent_id)
-        other = names.setdefault(name, agent_id)
-        if other != agent_id:
+        if name in names:  # the agent has no slot yet: the name's holder is another agent
             raise EnvError(
-                f"sub-env {self.env_id}: agents {other!r} and {agent_id!r} are different "
+                f"sub-env {self.env_id}: agents {names[name]!r} and {agent_id!r} are different "
                 f"agents whose ids read the same as text ({name!r}), as the batch's agent_id "
                 "column and episode files hold them: give the env's agents ids that differ "
                 "as text"
             )
+        names[name] = agent_id
 
     def get_agents(self) -> list:
         """Agents that have observed in this episode, in order of appearance."""

@@ -212,8 +212,7 @@ class EpisodeLifecycle:
 
     def new_slot(self, episode: MultiAgentEpisode, agent_id: Any) -> AgentSlot:
         """A first-time agent's slot: its policy mapped (and built), its trajectory key."""
-        if type(agent_id) is not str or episode.agent_names is not None:
-            episode.claim_name(agent_id)
+        episode.claim_name(agent_id)
         policy_id = episode.policy_for(agent_id)
         self._policy_map.entry_for(policy_id, agent_id)
         index = len(episode.slots)

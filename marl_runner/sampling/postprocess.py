@@ -39,7 +39,9 @@ def postprocess_trajectories(
         if by_episode is None:
             in_key_order = {pid: b.select(s.order) for pid, (b, s) in built.items()}
             # The callback may edit its trajectory in place: the other agents' trajectories
-            # it (and a later agent's post-processing) is shown come from a copy, as sampled.
+            # it (and a later agent's post-processing) is shown come from a copy of the
+            # arrays (one more of each batch, only for the callback). Without it, a policy's
+            # post-processing gets views and must not edit its batch in place (GAE adds).
             as_sampled = in_key_order if on_trajectory is None else {
                 pid: b.select(s.order) for pid, (b, s) in built.items()
             }
