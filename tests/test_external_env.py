@@ -149,6 +149,23 @@ def test_off_policy_actions_are_stored():
             logged += int((t % 2 == 1).sum())
     assert logged == sum(len(e.logged_actions) for e in env.played) > 0
     assert per_episode_totals(batches) == played_totals(env)
+    # Each row's action_logp is its stored action's, logged or not: what a trainer's
+    # evaluate() gives (the policy's own action's log-prob stood there before).
+    policy = runner.policy_map["p"]
+    for batch in batches:
+        policy_batch = batch.policy_batches["p"]
+        logp, _, _ = policy.evaluate(policy_batch)
+        np.testing.assert_allclose(policy_batch["action_logp"], logp.detach().numpy(), atol=1e-5)
+
+
+@pytest.mark.parametrize("action", [4, -1, "x", 10**30, 1.5, None])
+def test_a_logged_action_outside_the_agents_action_space_is_refused_by_name(action):
+    with EnvRunner(external_config({"name": PLAIN})) as runner:
+        env = runner.env.get_sub_environments()[0]
+        episode = env.start_episode()
+        obs = {"a0": np.zeros(3, np.float32), "a1": np.zeros(3, np.float32)}
+        with pytest.raises(ValueError, match=r"agent 'a1'.s action .* is not in its action space"):
+            env.log_action(episode, obs, {"a0": 1, "a1": action})
 
 
 def test_connectors_run_under_external_control():

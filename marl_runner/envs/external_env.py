@@ -72,8 +72,18 @@ class ExternalMultiAgentEnv(MultiAgentEnv):
     def log_action(self, episode_id: Any, obs: MultiAgentDict, actions: MultiAgentDict) -> None:
         """Record actions the env chose itself for the agents in `obs` (off-policy).
 
-        Does not wait for the runner; the trajectory stores these actions.
+        Does not wait for the runner; the trajectory stores these actions, each with
+        its log-prob under the policy (`action_logp`). An action outside its agent's
+        action space is refused (`ValueError`).
         """
+        if isinstance(actions, dict):
+            for agent, action in actions.items():
+                space = self.get_action_space(agent)
+                if not _contains(space, action):
+                    raise ValueError(
+                        f"log_action({episode_id!r}): agent {agent!r}'s action {action!r} is "
+                        f"not in its action space {space}"
+                    )
         self._attached().log_action(episode_id, obs, actions)
 
     def log_returns(
@@ -116,3 +126,11 @@ class ExternalMultiAgentEnv(MultiAgentEnv):
         raise EnvError(
             f"{type(self).__name__} drives its own episodes; use it with `vectorize: external`"
         )
+
+
+def _contains(space: gym.Space, value: Any) -> bool:
+    """``space.contains(value)``, False where the space's check itself fails on it."""
+    try:
+        return bool(space.contains(value))
+    except Exception:
+        return False

@@ -122,6 +122,16 @@ class Policy(abc.ABC):
         """Restores what :meth:`get_state` returned."""
         self.set_weights(state["weights"])
 
+    def score_logged_actions(
+        self, outputs: Mapping[str, Any], rows: np.ndarray, actions: np.ndarray
+    ) -> np.ndarray | None:
+        """Log-probs ``[len(rows)]`` of ``actions``, which an external env chose for
+        ``rows`` of a round (``log_action``), from the policy's ``outputs`` for the round
+        (its extra outputs, e.g. the distribution inputs). The runner stores them as those
+        rows' ``action_logp``; None (the default): the policy cannot tell, and they are
+        stored as NaN."""
+        return None
+
     def wants_postprocessing(self) -> bool:
         """Whether ``postprocess_trajectory`` does anything; if not, the runner skips
         splitting batches into trajectories for it."""

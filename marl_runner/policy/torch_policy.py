@@ -290,6 +290,21 @@ class TorchPolicy(Policy):
         logp = self.action_head.log_prob(dist_inputs, actions_t)
         return logp, self.action_head.entropy(dist_inputs), values
 
+    def score_logged_actions(
+        self, outputs: Mapping[str, Any], rows: np.ndarray, actions: np.ndarray
+    ) -> np.ndarray | None:
+        """The action head's log-prob of each logged action under the stored
+        ``action_dist_inputs`` (masks applied there): what :meth:`evaluate` gives."""
+        dist_inputs = outputs.get("action_dist_inputs")
+        if dist_inputs is None:
+            return None
+        with torch.no_grad():
+            logp = self.action_head.log_prob(
+                torch.as_tensor(np.asarray(dist_inputs)[rows], device=self.device),
+                torch.as_tensor(np.asarray(actions), device=self.device),
+            )
+        return logp.cpu().numpy()
+
     def wants_postprocessing(self) -> bool:
         """Only with ``gae`` configured: otherwise batches need no per-trajectory pass."""
         return self._gae is not None

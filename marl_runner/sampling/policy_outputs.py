@@ -134,7 +134,7 @@ def run_action_connectors(
     for i, state in enumerate(state_outs):
         columns[f"state_out_{i}"] = state
     if off_policy:
-        apply_off_policy_actions(columns, rows, off_policy)
+        apply_off_policy_actions(columns, rows, off_policy, entry)
         action_rows = action_rows.replace(actions=columns["actions"])
     entry.agent_pipeline.on_policy_output(action_rows)
     num_rows = len(rows)
@@ -231,13 +231,33 @@ def distribute_actions(
         actions_by_env[env_id][agent_id] = action
 
 
-def apply_off_policy_actions(columns: dict[str, Any], rows: AgentRows, off_policy: dict) -> None:
-    """The env chose some actions itself: store those, not the policy's."""
+def apply_off_policy_actions(
+    columns: dict[str, Any], rows: AgentRows, off_policy: dict, entry: PolicyEntry
+) -> None:
+    """The env chose some actions itself (an external env's ``log_action``): store those,
+    with their log-prob under the policy (``Policy.score_logged_actions``) in place of the
+    policy's own action's, so that a trainer's ratio against ``action_logp`` holds on those
+    rows too (a policy that cannot score them gets NaN there: unknown, never wrong)."""
+    env_ids, agent_ids = rows["env_ids"].tolist(), rows["agent_ids"]
+    logged = [
+        i for i, (env_id, agent_id) in enumerate(zip(env_ids, agent_ids))
+        if agent_id in off_policy.get(env_id, ())
+    ]
+    if not logged:
+        return
     actions = columns["actions"]
     if not isinstance(actions, np.ndarray):
-        return
+        raise ValueError(
+            f"policy {entry.policy_id!r}: the env logged actions of its own (log_action), but "
+            f"the policy's actions are a {type(actions).__name__}, not one array: storing "
+            "logged actions needs a policy whose actions are one array"
+        )
     actions = columns["actions"] = actions.copy()
-    for i, (env_id, agent_id) in enumerate(zip(rows["env_ids"].tolist(), rows["agent_ids"])):
-        env_actions = off_policy.get(env_id)
-        if env_actions and agent_id in env_actions:
-            actions[i] = env_actions[agent_id]
+    for i in logged:
+        actions[i] = off_policy[env_ids[i]][agent_ids[i]]
+    if "action_logp" not in columns:
+        return
+    at = np.array(logged, np.intp)
+    scored = entry.policy.score_logged_actions(columns, at, actions[at])
+    logp = columns["action_logp"] = np.array(columns["action_logp"], np.float32)
+    logp[at] = np.nan if scored is None else scored
