@@ -308,3 +308,25 @@ def test_parquet_columns_with_the_wrong_dtype_are_refused(tmp_path):
     rewrite_table(data_file, rewards_as_text)
     with pytest.raises(ValueError, match=r"rewards.*<U8.*number"):
         read_batch(manifest)
+
+
+@pytest.mark.parametrize("dtype", ["<U0", "U", "|S0", "S", "a", "8&4"])
+def test_a_parquet_string_record_without_a_size_or_not_a_dtype_is_refused(tmp_path, dtype):
+    """An unsized string dtype is sized by numpy to the longest value: one 20,000-character
+    value among 30,000 empty ones made a 989-byte file take 2.4 GB. A text numpy cannot
+    parse as a dtype (``8&4``) was numpy's own bare ValueError."""
+    manifest = small_parquet_batch(tmp_path)
+    data_file = tmp_path / "p" / "batch_000001.parquet"
+
+    def unsized(table):
+        metadata = dict(table.schema.metadata)
+        records = json.loads(metadata[b"marl_runner.columns"])
+        for record in records:
+            if record["name"] == "names":
+                record["dtype"] = dtype
+        metadata[b"marl_runner.columns"] = json.dumps(records).encode()
+        return table.replace_schema_metadata(metadata)
+
+    rewrite_table(data_file, unsized)
+    with pytest.raises(ValueError, match=r"columns\[3\].dtype.* is .*expected a bool, number or sized str"):
+        read_batch(manifest)

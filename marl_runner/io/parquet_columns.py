@@ -174,17 +174,19 @@ def _leaf_dtype(record: Any, path: Any, where: str) -> tuple[np.dtype, tuple[int
     shape = field(record, "shape", list, path, f"{where}.shape")
     try:
         dtype = np.dtype(text) if len(text) <= 16 else None
-    except TypeError:
+    except Exception:  # numpy's parser raises TypeError or ValueError, by the text
         dtype = None
     if (
         dtype is None
         or dtype.kind not in _ARRAY_KINDS
         or dtype.fields is not None
         or dtype.subdtype
+        or dtype.itemsize == 0  # an unsized string: numpy would size it by the longest
     ):
         raise BatchFileError(
             path,
-            f"field '{where}.dtype' is {shortened(text)}; expected a bool, number or string dtype",
+            f"field '{where}.dtype' is {shortened(text)}; expected a bool, number or sized "
+            "string dtype",
         )
     if len(shape) > _MAX_NDIM or not all(type(n) is int and n >= 1 for n in shape):
         raise BatchFileError(
