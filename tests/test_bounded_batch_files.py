@@ -330,3 +330,29 @@ def test_a_parquet_string_record_without_a_size_or_not_a_dtype_is_refused(tmp_pa
     rewrite_table(data_file, unsized)
     with pytest.raises(ValueError, match=r"columns\[3\].dtype.* is .*expected a bool, number or sized str"):
         read_batch(manifest)
+
+
+@pytest.mark.parametrize("column", ["rewards", "eps_id", "names", "obs", "obs_values"])
+def test_parquet_nulls_are_refused_naming_the_column(tmp_path, column):
+    """Another writer's missing values read as NaN, INT64_MIN, False or 0 before."""
+    manifest = small_parquet_batch(tmp_path)
+    data_file = tmp_path / "p" / "batch_000001.parquet"
+
+    def with_a_null(table):
+        name = "obs" if column == "obs_values" else column
+        values = table.column(name).combine_chunks()
+        if column == "obs_values":  # a list whose values hold a null
+            flat = values.flatten().to_pylist()
+            flat[4] = None
+            nulled = pyarrow.FixedSizeListArray.from_arrays(pyarrow.array(flat, pyarrow.float32()), 3)
+        else:
+            rows = values.to_pylist()
+            rows[1] = None
+            nulled = pyarrow.array(rows, values.type)
+        index = table.schema.get_field_index(name)
+        return table.set_column(index, name, nulled).replace_schema_metadata(table.schema.metadata)
+
+    rewrite_table(data_file, with_a_null)
+    name = "obs" if column == "obs_values" else column
+    with pytest.raises(ValueError, match=rf"column '{name}' holds 1 nulls .*expected a value in"):
+        read_batch(manifest)

@@ -228,6 +228,7 @@ class _Decoder:
 
     def column(self, array: pa.Array, record: Mapping[str, Any]) -> Any:
         encoding = record["encoding"]
+        self.refuse_nulls(array, record["column"])
         if encoding == "array":
             return self.array(array, record, record["column"])
         if encoding == "json":
@@ -242,7 +243,17 @@ class _Decoder:
         nested = self.nested(array, record["structure"], record["column"])
         return nested if encoding == "nested" else unstack_row_dicts(nested)
 
+    def refuse_nulls(self, array: pa.Array, where: str) -> None:
+        """Nulls (another writer's missing values) would read as NaN, 0 or False, or shift
+        the rows of a list column: refused, naming the column."""
+        if array.null_count:
+            raise BatchFileError(
+                self.path, f"column {where!r} holds {array.null_count} nulls (missing "
+                "values); expected a value in every row",
+            )
+
     def nested(self, array: pa.StructArray, structure: Any, where: str) -> Any:
+        self.refuse_nulls(array, where)
         if "dtype" in structure:
             return self.array(array, structure, where)
         if set(structure) == {"__tuple__"}:
@@ -264,6 +275,9 @@ class _Decoder:
                 f"column {where!r}: {self.rows} rows of {dtype.str} {list(shape)} would take "
                 f"{size:,} bytes, more than the {self.max_bytes:,} this file may decode to",
             )
+        for _ in shape:
+            array = array.flatten()
+            self.refuse_nulls(array, where)
         return _decode_array(array, dtype, shape, self.rows)
 
 
@@ -352,8 +366,7 @@ def _leaf_record(values: np.ndarray) -> dict[str, Any]:
 def _decode_array(
     array: pa.Array, dtype: np.dtype, shape: tuple[int, ...], rows: int
 ) -> np.ndarray:
-    for _ in shape:
-        array = array.flatten()
+    """The flat values of a column's rows (lists already flattened) as ``[rows, *shape]``."""
     if dtype.kind in "US":
         values = np.array(array.to_pylist(), dtype=dtype)
     else:
