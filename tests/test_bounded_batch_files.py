@@ -356,3 +356,35 @@ def test_parquet_nulls_are_refused_naming_the_column(tmp_path, column):
     name = "obs" if column == "obs_values" else column
     with pytest.raises(ValueError, match=rf"column '{name}' holds 1 nulls .*expected a value in"):
         read_batch(manifest)
+
+
+RAGGED = {
+    "columns_of_two_lengths": (
+        [{"name": "obs", "encoding": "array"}, {"name": "rewards", "encoding": "array"}],
+        {"p/obs": np.zeros((8, 2), np.float32), "p/rewards": np.zeros(3, np.float32)},
+        8,
+    ),
+    "a_zero_d_column": (
+        [{"name": "rewards", "encoding": "array"}, {"name": "obs", "encoding": "array"}],
+        {"p/rewards": np.ones((), np.float32), "p/obs": np.zeros((1, 2), np.float32)},
+        1,
+    ),
+    "nested_parts_of_two_lengths": (
+        [{"name": "actions", "encoding": "nested",
+          "structure": {"__tuple__": ["p/actions/0", "p/actions/1"]}}],
+        {"p/actions/0": np.zeros(4), "p/actions/1": np.zeros(1)},
+        4,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(RAGGED))
+def test_npz_columns_must_hold_one_number_of_rows(tmp_path, case):
+    """A shorter column misaligned rows, or failed in minibatches() with a bare IndexError."""
+    columns, arrays, rows = RAGGED[case]
+    header = batch_header(columns, env_steps=rows, agent_steps=rows)
+    entries = {"header": header_entry(header)}
+    entries.update({name: npy_bytes(array) for name, array in arrays.items()})
+    path = write_npz(tmp_path / "batch_000001.npz", entries)
+    with pytest.raises(ValueError, match=r"policy 'p': its columns hold different numbers of rows"):
+        read_batch(path)

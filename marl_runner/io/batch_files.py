@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
+import tree
 
 from marl_runner.batch import MultiAgentBatch, SampleBatch
 from marl_runner.io.atomic import fsync_directory, write_atomically
@@ -264,6 +265,7 @@ class _NpzReader:
             for j, column in enumerate(columns):
                 name, values = self.column(pid, column, f"policies[{i}].columns[{j}]")
                 batch[name] = values  # a name twice would name its entry twice: refused
+            self.check_rows(pid, batch)
         batch = MultiAgentBatch(policy_batches, env_steps=env_steps)
         if batch.agent_steps() != agent_steps:
             raise self.error(
@@ -271,6 +273,23 @@ class _NpzReader:
                 f"{batch.agent_steps()} rows"
             )
         return batch
+
+    def check_rows(self, pid: str, batch: SampleBatch) -> None:
+        """Every column, and every part of a nested one, has rows, as many as the others:
+        a shorter one misaligned rows or failed later in a bare IndexError."""
+        rows_of: dict[int | None, str] = {}
+        for name, values in batch.items():
+            for leaf in tree.flatten(values):
+                rows = len(leaf) if isinstance(leaf, np.ndarray) and leaf.ndim else None
+                rows_of.setdefault(rows, name)
+        if len(rows_of) > 1 or None in rows_of:
+            found = ", ".join(
+                f"{name!r} {'no rows' if rows is None else rows}" for rows, name in rows_of.items()
+            )
+            raise self.error(
+                f"policy {pid!r}: its columns hold different numbers of rows ({found}); "
+                "expected one row count, every column an array of rows"
+            )
 
     def count(self, header: dict[str, Any], key: str) -> int:
         value = field(header, key, int, self.path, key)
