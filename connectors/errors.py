@@ -1,6 +1,14 @@
-"""The one error type of the connectors package."""
+"""The one error type of the connectors package, and the size bound it enforces."""
 
 from __future__ import annotations
+
+import math
+
+#: The most values one observation may hold out of a connector (16,777,216: a 2,364 x
+#: 2,364 RGB image). A connector's output space has bounds arrays of that size, and every
+#: row and the policy's first layer grow with it: a resize to 20,000 x 20,000 took
+#: gigabytes before anything ran.
+MAX_OBS_VALUES = 1 << 24
 
 
 class ConnectorError(ValueError):
@@ -21,3 +29,15 @@ class ConnectorError(ValueError):
     def at(self, index: int, prefix: str = "") -> ConnectorError:
         """The same error placed at item ``index`` of a spec list, ``prefix`` added to its text."""
         return ConnectorError(f"{prefix}{self}", index=index, param=self.param)
+
+
+def check_obs_size(connector: str, shape: tuple[int, ...], param: str | None = None) -> None:
+    """Refuses an output observation shape of more than ``MAX_OBS_VALUES`` values, before
+    the space (or anything the size of one observation) is made."""
+    size = math.prod(shape)
+    if size > MAX_OBS_VALUES:
+        raise ConnectorError(
+            f"{connector}: observations of shape {tuple(shape)} would hold {size:,} values, "
+            f"more than the {MAX_OBS_VALUES:,} one observation may hold",
+            param=param,
+        )

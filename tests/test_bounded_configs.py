@@ -234,3 +234,23 @@ def test_the_weights_counted_are_those_the_model_builds(model):
     with torch.device("meta"):
         built = build_model(model, 1, 1, obs_shape=(side, side, 1))
     assert model_weights_floor(model) == sum(p.numel() for p in built.parameters())
+
+
+def test_a_model_too_big_for_the_envs_observations_is_refused_before_it_is_built():
+    """A cnn on a 3,000 x 3,000 frame (a config resize) would have 4.6 billion weights:
+    torch's allocator failed after gigabytes, naming nothing. Counted on the meta device,
+    it is refused at once, with the count and the observation's shape."""
+    import gymnasium as gym
+    import numpy as np
+
+    from marl_runner.config.schema import MAX_BUILT_MODEL_PARAMETERS
+    from marl_runner.policy import TorchPolicy
+
+    model = {"type": "cnn", "conv": [[16, 8, 4]], "hidden": [256]}
+    big = gym.spaces.Box(0, 255, (3000, 3000, 1), np.uint8)
+    actions = gym.spaces.Discrete(3)
+    with pytest.raises(ValueError, match=r"cnn model would have 4,595,723,812 weights for obs"):
+        TorchPolicy(big, actions, {"model": model})
+    fits = gym.spaces.Box(0, 255, (84, 84, 1), np.uint8)
+    policy = TorchPolicy(fits, actions, {"model": model})
+    assert sum(p.numel() for p in policy.parameters()) < MAX_BUILT_MODEL_PARAMETERS

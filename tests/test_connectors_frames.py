@@ -19,6 +19,7 @@ from connectors import (
     is_image_space,
 )
 from connectors.agent.images import resize_weights
+from connectors.errors import MAX_OBS_VALUES
 from connectors.registry import check_spec_list
 
 RGB = gym.spaces.Box(0, 255, (6, 4, 3), np.uint8)
@@ -280,3 +281,15 @@ def test_non_image_boxes_still_stack_on_a_new_leading_axis():
     space = gym.spaces.Box(0.0, 1.0, (2, 3, 2), np.float32)  # rank 3 but not uint8
     conn, out_space = stacker(space, 2)
     assert out_space.shape == (2, 2, 3, 2) and out_space.dtype == np.float32
+
+
+def test_an_output_observation_of_more_than_max_obs_values_is_refused_before_it_is_made():
+    """A resize to 20,000 x 20,000 (or 100,000 stacked frames) built a space whose bounds
+    alone took gigabytes before anything ran."""
+    with pytest.raises(ConnectorError, match=r"\(20000, 20000, 3\) would hold 1,200,000,000 values"):
+        ResizeAgentConnector(ctx_for(RGB), height=20_000, width=20_000).bind_input_space(RGB)
+    most = ResizeAgentConnector(ctx_for(RGB), height=MAX_OBS_VALUES // 3, width=1)
+    assert most.output_observation_space(RGB).shape == (MAX_OBS_VALUES // 3, 1, 3)
+    frames = MAX_OBS_VALUES // 72 + 1  # RGB is 72 values
+    with pytest.raises(ConnectorError, match=rf"\({frames} frames\).* more than the 16,777,216"):
+        stacker(RGB, frames)

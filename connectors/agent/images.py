@@ -17,7 +17,7 @@ import numpy as np
 
 from connectors.base import AgentConnector, ConnectorContext
 from connectors.data import AgentRows
-from connectors.errors import ConnectorError
+from connectors.errors import ConnectorError, check_obs_size
 
 __all__ = [
     "GrayscaleAgentConnector",
@@ -163,7 +163,9 @@ class ResizeAgentConnector(AgentConnector):
 
     def output_observation_space(self, space: gym.Space) -> gym.Space:
         box = _check_hwc_box("ResizeAgentConnector", space)
-        return _box_like(box, (self.height, self.width, box.shape[2]))
+        shape = (self.height, self.width, box.shape[2])
+        check_obs_size("ResizeAgentConnector", shape, "height")
+        return _box_like(box, shape)
 
     def bind_input_space(self, space: gym.Space) -> gym.Space:
         out = super().bind_input_space(space)

@@ -12,7 +12,7 @@ from connectors.agent.images import is_image_space
 from connectors.agent.keyed import KeyedArray
 from connectors.base import AgentConnector, ConnectorContext
 from connectors.data import ActionRows, AgentRows
-from connectors.errors import ConnectorError
+from connectors.errors import ConnectorError, check_obs_size
 
 
 def _stacked_frames(view_requirements: Mapping[str, Any] | None) -> int:
@@ -117,6 +117,9 @@ class ViewRequirementAgentConnector(AgentConnector):
             raise ConnectorError(
                 f"ViewRequirementAgentConnector stacks frames of Box observations only, got {space}"
             )
+        check_obs_size(
+            f"ViewRequirementAgentConnector ({frames} frames)", (frames, *space.shape)
+        )
         low, high = np.minimum(space.low, 0), np.maximum(space.high, 0)
         if is_image_space(space):
             tiles = (1, 1, frames)

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from connectors.imports import import_object
+from marl_runner.config.schema import MAX_BUILT_MODEL_PARAMETERS
 
 __all__ = ["MODEL_KEYS", "CNNModel", "LSTMModel", "MLPModel", "build_model", "is_recurrent_model"]
 
@@ -225,6 +226,35 @@ def _is_conv_layer(layer: Any) -> bool:
     if not (isinstance(layer, Sequence) and len(layer) == 3):
         return False
     return all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in layer)
+
+
+def check_model_weights(
+    config: Mapping[str, Any],
+    obs_dim: int,
+    num_outputs: int,
+    obs_shape: Sequence[int] | None = None,
+) -> None:
+    """Refuses a built-in model of more than ``MAX_BUILT_MODEL_PARAMETERS`` weights with
+    these sizes, counted on torch's ``meta`` device (nothing allocated) before it is built:
+    the config's own sizes are bounded, but the observation the agent connectors make
+    (an image resized large, frames stacked) multiplies the first layer.
+
+    Raises:
+        ValueError: the count, the observation's size and the limit.
+    """
+    if "class" in config:
+        return  # a custom model class is the user's own
+    with torch.device("meta"):
+        model = build_model(config, obs_dim, num_outputs, obs_shape)
+    count = sum(parameter.numel() for parameter in model.parameters())
+    if count > MAX_BUILT_MODEL_PARAMETERS:
+        shape = f"shape {tuple(obs_shape)}" if obs_shape is not None else f"{obs_dim:,} values"
+        raise ValueError(
+            f"the {config.get('type', 'mlp')} model would have {count:,} weights for "
+            f"observations of {shape}, more than the {MAX_BUILT_MODEL_PARAMETERS:,} a built-in "
+            "model may have; make the observations smaller (the agent connectors' sizes) or "
+            "the layers narrower"
+        )
 
 
 def build_model(

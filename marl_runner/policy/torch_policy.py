@@ -14,7 +14,7 @@ from marl_runner.policy.action_heads import CategoricalHead, make_action_head
 from marl_runner.policy.action_spaces import action_feature_size, check_action_mask, encode_actions
 from marl_runner.policy.base import EpisodeView, Policy, PolicyOutput
 from marl_runner.policy.gae import compute_gae, parse_gae_config
-from marl_runner.policy.models import build_model, is_recurrent_model
+from marl_runner.policy.models import build_model, check_model_weights, is_recurrent_model
 from marl_runner.policy.numpy_mlp import NumpyMLP
 from marl_runner.policy.numpy_sampling import NumpyCategoricalSampler
 from marl_runner.policy.sequences import sequence_starts, unroll
@@ -126,6 +126,10 @@ class TorchPolicy(Policy):
         seed = self.config["seed"]
         with seeded_cpu_rng(seed):
             self.action_head = make_action_head(action_space)
+            check_model_weights(  # (meta tensors draw no random numbers)
+                self.config["model"], input_dim, self.action_head.num_model_outputs,
+                observation_space.shape,
+            )
             self.model = build_model(
                 self.config["model"],
                 input_dim,
