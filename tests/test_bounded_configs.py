@@ -12,7 +12,7 @@ from helpers_bounded import run_capped
 from marl_runner.cli.app import main
 from marl_runner.config import ConfigError, RunnerConfig
 from marl_runner.config.runner_config import MAX_CONFIG_BYTES
-from marl_runner.config.yaml_form import MAX_YAML_DEPTH, MAX_YAML_NODES
+from marl_runner.config.yaml_form import MAX_YAML_CHARS, MAX_YAML_DEPTH, MAX_YAML_NODES
 from marl_runner.envs import register_env
 from marl_runner.envs.errors import EnvError
 from marl_runner.envs.registry import make_env
@@ -74,6 +74,25 @@ def test_a_recursive_alias_is_refused(tmp_path):
     path = tmp_path / "loop.yaml"
     path.write_text(HEAD + "  config:\n    loop: &loop [*loop]\n")
     with pytest.raises(ConfigError, match="refers to itself"):
+        RunnerConfig.from_yaml(path)
+
+
+def test_aliases_of_a_long_string_are_refused_by_the_characters_they_expand_to(tmp_path):
+    """50,000 aliases of one 1 MB string passed validate; sample then spent hours writing
+    the expanded config.yaml, and a checkpoint of it raised a bare MemoryError."""
+    path = tmp_path / "long.yaml"
+    refs = ", ".join(["*s"] * 50)
+    path.write_text(HEAD + f"  config:\n    s: &s {'x' * 100_000}\n    many: [{refs}]\n")
+    with pytest.raises(ConfigError, match=f"aliases expand to more than {MAX_YAML_CHARS:,} char"):
+        RunnerConfig.from_yaml(path)
+
+
+@pytest.mark.parametrize("key", ["? [1, 2]\n  : 3", "? {a: 1}\n  : 3"])
+def test_a_mapping_key_that_is_a_list_or_a_mapping_is_a_yaml_error(tmp_path, key):
+    """It was a TypeError traceback (unhashable type)."""
+    path = tmp_path / "key.yaml"
+    path.write_text(HEAD + f"  {key}\n")
+    with pytest.raises(ConfigError, match="found a key that is a list or a mapping"):
         RunnerConfig.from_yaml(path)
 
 

@@ -7,9 +7,10 @@ plain YAML-safe data.
 
 Configs also come from elsewhere, so the loader bounds what a small file can
 ask for: at most ``MAX_YAML_DEPTH`` levels of nesting (deeper would recurse
-past Python's stack), and at most ``MAX_YAML_NODES`` values once aliases are
-expanded (1 KB of ``&a [*b, *b, ...]`` lines can stand for billions, and
-every later copy, check or message would expand them). Aliases that refer to
+past Python's stack), and at most ``MAX_YAML_NODES`` values and
+``MAX_YAML_CHARS`` characters once aliases are expanded (1 KB of ``&a [*b,
+*b, ...]`` lines can stand for billions, and every later copy, check or
+message would expand them). Aliases that refer to
 themselves are refused. Each is a one-line YAML error with its line.
 """
 
@@ -29,6 +30,7 @@ from marl_runner.config.spaces import space_to_spec
 
 __all__ = [
     "MAX_YAML_DEPTH",
+    "MAX_YAML_CHARS",
     "MAX_YAML_NODES",
     "StrictLoader",
     "describe_yaml_error",
@@ -41,6 +43,10 @@ __all__ = [
 MAX_YAML_DEPTH = 32
 #: Values (scalars, lists, mappings) a config may hold with its aliases expanded.
 MAX_YAML_NODES = 100_000
+#: Characters of scalars a config may hold with its aliases expanded: a config file's
+#: largest size (``MAX_CONFIG_BYTES``). 50,000 aliases of one 1 MB string are few values
+#: but 50 GB of text for every later copy, message and written ``config.yaml``.
+MAX_YAML_CHARS = 4 << 20
 
 
 def plain(value: Any) -> Any:
@@ -132,11 +138,12 @@ class StrictLoader(yaml.SafeLoader):
 
 
 def _check_expanded(root: yaml.Node) -> None:
-    """Counts the values and levels of the document as if every alias were copied out,
+    """Counts the values, levels and characters of the document as if every alias were copied out,
     without copying: each node's totals are computed once (an alias shares its anchor's
     node), iteratively (no recursion)."""
     size: dict[int, int] = {}
     depth: dict[int, int] = {}
+    chars: dict[int, int] = {}
     on_path: set[int] = set()
     stack: list[tuple[yaml.Node, bool]] = [(root, False)]
     while stack:
@@ -147,12 +154,17 @@ def _check_expanded(root: yaml.Node) -> None:
             on_path.discard(key)
             size[key] = 1 + sum(size[id(child)] for child in children)
             depth[key] = 1 + max((depth[id(child)] for child in children), default=0)
-            if size[key] > MAX_YAML_NODES or depth[key] > MAX_YAML_DEPTH:
-                what = (
-                    f"more than {MAX_YAML_NODES:,} values"
-                    if size[key] > MAX_YAML_NODES
-                    else f"more than {MAX_YAML_DEPTH} levels"
-                )
+            chars[key] = (
+                len(node.value) if isinstance(node, yaml.ScalarNode)
+                else sum(chars[id(child)] for child in children)
+            )
+            what = (
+                f"more than {MAX_YAML_NODES:,} values" if size[key] > MAX_YAML_NODES
+                else f"more than {MAX_YAML_DEPTH} levels" if depth[key] > MAX_YAML_DEPTH
+                else f"more than {MAX_YAML_CHARS:,} characters" if chars[key] > MAX_YAML_CHARS
+                else None
+            )
+            if what is not None:
                 raise yaml.composer.ComposerError(
                     None, None, f"its aliases expand to {what}", node.start_mark
                 )
@@ -193,6 +205,13 @@ def _construct_mapping_without_duplicates(
     for key_node, _ in node.value:
         if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base` may legitimately be overridden
             continue
+        if not isinstance(key_node, yaml.ScalarNode):  # `? [1, 2]`: no config key is one
+            raise yaml.constructor.ConstructorError(
+                "while constructing a mapping",
+                node.start_mark,
+                "found a key that is a list or a mapping; expected a plain value",
+                key_node.start_mark,
+            )
         key = loader.construct_object(key_node, deep=True)
         if key in seen:
             raise yaml.constructor.ConstructorError(
