@@ -273,3 +273,19 @@ def test_a_model_too_big_for_the_envs_observations_is_refused_before_it_is_built
     fits = gym.spaces.Box(0, 255, (84, 84, 1), np.uint8)
     policy = TorchPolicy(fits, actions, {"model": model})
     assert sum(p.numel() for p in policy.parameters()) < MAX_BUILT_MODEL_PARAMETERS
+
+
+@pytest.mark.parametrize(
+    ("data", "words"),
+    [
+        ({"policies": {"p": {"model": {"type": []}}}}, r"^policies.p.model.type: got \[\]"),
+        ({"policies": {"p": {}}, "policy_mapping_fn": {"a*": ["p"]}},
+         r"^policy_mapping_fn.a\*: maps to unknown policy id \['p'\]"),
+        ({"policies": {"p": {"observation_space": {"type": "Discrete", "n": 2**70}}}},
+         r"^policies.p.observation_space: invalid Discrete space .* too large"),
+    ],
+)
+def test_values_of_odd_types_are_config_errors_naming_the_key(data, words):
+    """They were bare TypeErrors (unhashable type) and an OverflowError."""
+    with pytest.raises(ConfigError, match=words):
+        RunnerConfig.from_dict({"env": "x:y", **data})

@@ -93,6 +93,8 @@ def test_pickle_bodies_are_refused_and_never_run(tmp_path):
         (frame({"tree": [], "arrays": [entry("<f4", [2], 0, 8), entry("<f4", [2], 4, 8)]},
                b"\0" * 12), "overlaps"),
         (frame({"tree": {"__items__": 3}, "arrays": []}), "expected a list"),
+        (frame({"tree": {"__items__": [[{"__tuple__": [[1, 2]]}, 1]]}, "arrays": []}),
+         r"__items__\[0\]\[0\] is a tuple that cannot be hashed"),
         (frame({"tree": 1}), "expected exactly 'tree' and 'arrays'"),
         (struct.pack("<8sIQ", b"MARLBODY", 1, 10_000) + b"{}", "past its end"),
         (raw_frame(b"{x}"), "not valid JSON"),

@@ -168,7 +168,7 @@ def _check_mapping_spec(
                     f"{key}.{pattern}",
                     f"pattern {shortened(pattern)} must be a non-empty string glob such as 'archer_*'",
                 )
-            if pid not in policies:
+            if not isinstance(pid, str) or pid not in policies:
                 raise ConfigError(
                     f"{key}.{pattern}",
                     f"maps to unknown policy id {shortened(pid)}; expected one of "

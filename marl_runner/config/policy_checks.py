@@ -125,7 +125,7 @@ def _check_model(model: Any, key: str) -> dict[str, Any]:
         return model
     model.setdefault("type", "mlp")
     all_keys = model_keys()
-    if model["type"] not in all_keys:
+    if not isinstance(model["type"], str) or model["type"] not in all_keys:
         raise ConfigError(
             f"{key}.type",
             f"got {model['type']!r}, expected one of {quoted(all_keys)} "

@@ -13,7 +13,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from marl_runner.config.errors import ConfigError, quoted, reject_unknown_keys
+from marl_runner.config.errors import ConfigError, quoted, reject_unknown_keys, shortened
 
 __all__ = ["SPACE_TYPES", "space_from_spec", "space_to_spec"]
 
@@ -79,8 +79,8 @@ def space_from_spec(spec: Any, key: str = "space") -> gym.Space:
         raise ConfigError(
             key, f"{kind} space is missing {exc.args[0]!r} (keys: {quoted(allowed)})"
         ) from None
-    except (TypeError, ValueError, AssertionError) as exc:
-        raise ConfigError(key, f"invalid {kind} space {dict(spec)!r}: {exc}") from None
+    except (TypeError, ValueError, AssertionError, OverflowError) as exc:  # (n: 2**70)
+        raise ConfigError(key, f"invalid {kind} space {shortened(dict(spec))}: {exc}") from None
 
 
 def _bounded_shape(shape: Any, where: str) -> tuple[int, ...]:

@@ -228,10 +228,13 @@ def unpack(
             if not (isinstance(pair, list) and len(pair) == 2):
                 raise error(f"{where} {at} is {short(pair)}; expected a [key, value] pair")
             key = decode(pair[0], f"{at}[0]")
-            if isinstance(key, list | dict | np.ndarray):
+            try:
+                hash(key)  # a list, dict or array, or a tuple holding one
+            except TypeError:
                 raise error(
-                    f"{where} {at}[0] is a {type(key).__name__}; expected a hashable dict key"
-                )
+                    f"{where} {at}[0] is a {type(key).__name__} that cannot be hashed; "
+                    "expected a hashable dict key"
+                ) from None
             out[key] = decode(pair[1], f"{at}[1]")
         return out
 
