@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import zipfile
 from pathlib import Path
 
@@ -108,9 +109,15 @@ def test_a_compressed_entry_is_refused_before_it_is_inflated(tmp_path):
     assert peak < PEAK_MIB
 
 
-def test_a_declared_shape_larger_than_its_bytes_is_refused(tmp_path):
+@pytest.mark.parametrize(
+    ("shape", "shown"), [(b"(99999999,), }", "[99999999]"), (b"(-4, -4), }", "[-4, -4]")]
+)
+def test_a_declared_shape_other_than_its_bytes_is_refused(tmp_path, shape, shown):
+    """(-4, -4) multiplies to the stored 16 values (the header's padding keeps its length):
+    numpy's reader took it, and the reshape failed in a bare ValueError."""
     data = bytearray(npy_bytes(np.zeros(16, np.float32)))
-    data[: data.index(b"}") + 1] = data[: data.index(b"}") + 1].replace(b"(16,)", b"(99999999,)")
+    end = data.index(b"}") + 4
+    data[:end] = data[:end].replace(b"(16,), }   ", shape)
     path = write_npz(
         tmp_path / "batch_000001.npz",
         {
@@ -118,7 +125,7 @@ def test_a_declared_shape_larger_than_its_bytes_is_refused(tmp_path):
             "p/obs": bytes(data),
         },
     )
-    with pytest.raises(ValueError, match=r"p/obs.*99999999"):
+    with pytest.raises(ValueError, match=rf"p/obs.*declares shape {re.escape(shown)}"):
         read_batch(path)
 
 

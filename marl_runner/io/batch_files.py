@@ -411,6 +411,7 @@ class _NpzReader:
             declared = math.prod(shape) * dtype.itemsize
             if (
                 len(shape) > _MAX_NDIM
+                or min(shape, default=0) < 0  # (-2, -4): numpy's reader takes it, 8 bytes
                 or declared != stored
                 or (math.prod(max(n, 1) for n in shape) > max(self.file_bytes, 1))
             ):
