@@ -289,3 +289,16 @@ def test_values_of_odd_types_are_config_errors_naming_the_key(data, words):
     """They were bare TypeErrors (unhashable type) and an OverflowError."""
     with pytest.raises(ConfigError, match=words):
         RunnerConfig.from_dict({"env": "x:y", **data})
+
+
+def test_more_worker_processes_than_memory_holds_is_a_one_line_error(tmp_path, capsys):
+    """num_workers: 100000 passed validate, and sample would start that many interpreters."""
+    path = tmp_path / "workers.yaml"
+    path.write_text(
+        HEAD + "vectorize: subprocess\nnum_workers: 100000\nnum_envs: 100000\n"
+        "rollout_fragment_length: 1\n"
+    )
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "num_workers: 100,000 worker processes" in err and "use fewer workers" in err

@@ -21,7 +21,12 @@ import yaml
 
 from connectors.imports import ImportPathError
 from marl_runner.config import ConfigError, RunnerConfig
-from marl_runner.config.memory import BatchMemory, check_batch_memory, estimate_batch_memory
+from marl_runner.config.memory import (
+    BatchMemory,
+    check_batch_memory,
+    estimate_batch_memory,
+    format_bytes,
+)
 from marl_runner.envs.errors import EnvError
 from marl_runner.envs.pettingzoo_wrappers import AECPettingZooEnv
 from marl_runner.envs.registry import EnvFactory
@@ -109,7 +114,28 @@ def check_memory(
         check_batch_memory(estimate, limit)
     except ConfigError as exc:
         raise CommandError(str(exc)) from exc
+    _check_worker_processes(config, limit)
     return estimate, limit
+
+
+#: What one env worker process takes at the least: an interpreter with numpy and an env.
+WORKER_PROCESS_BYTES = 100 << 20
+
+
+def _check_worker_processes(config: RunnerConfig, limit: int) -> None:
+    """Refuses (exit 2) more subprocess workers than this process's memory holds at
+    ``WORKER_PROCESS_BYTES`` each: ``num_workers: 100000`` passed every value check and
+    would start that many interpreters."""
+    if config.vectorize != "subprocess":
+        return  # (Ray's actors may run on other machines; Ray places them)
+    workers = config.num_workers or 1
+    if workers * WORKER_PROCESS_BYTES > limit:
+        raise CommandError(
+            f"num_workers: {workers:,} worker processes of at least "
+            f"{format_bytes(WORKER_PROCESS_BYTES)} each would take "
+            f"{format_bytes(workers * WORKER_PROCESS_BYTES)}, more than the "
+            f"{format_bytes(limit)} this process may use; use fewer workers"
+        )
 
 
 def probe_agents(
