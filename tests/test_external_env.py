@@ -240,8 +240,9 @@ def test_unknown_and_finished_episode_ids_raise_value_error():
             with pytest.raises(ValueError, match="'mine' has already finished"):
                 call()
         assert env.start_episode() != eid  # the freed slot takes the next episode at once
-        with pytest.raises(ValueError, match="expected a number"):
-            env.log_returns("x", {"a0": "lots"})
+        for odd in ("lots", "5", True, np.bool_(True), b"5"):  # float() took "5" and True
+            with pytest.raises(ValueError, match="expected a number"):
+                env.log_returns("x", {"a0": odd})
 
 
 def test_episodes_without_training_are_played_and_counted_but_leave_no_rows():

@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from marl_runner.envs.checks import LARGEST_REWARD
 from marl_runner.envs.errors import EpisodeFault
 from marl_runner.envs.multi_agent_env import AgentID, MultiAgentDict
@@ -446,6 +448,8 @@ def _check_obs(
 
 def _reward(agent: AgentID, reward: Any, episode_id: Any) -> float:
     try:
+        if isinstance(reward, (str, bytes, bool, np.bool_)):  # float() reads "5" and True
+            raise TypeError
         value = float(reward)
     except (TypeError, ValueError, OverflowError):
         raise ValueError(
