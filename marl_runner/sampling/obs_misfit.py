@@ -26,13 +26,14 @@ def run_agent_pipeline(
     rows: AgentRows,
     observation_space: Callable[[Any], gym.Space],
 ) -> AgentRows:
-    """``pipeline(rows)``; a ConnectorError where some row's raw obs does not fit its
-    agent's ``observation_space`` (``_misfits``) is raised as an EnvError naming the first
-    such row, and as itself where none does."""
+    """``pipeline(rows)``; a ConnectorError (or a connector's TypeError or ValueError, as
+    numpy raises on an object array) where some row's raw obs does not fit its agent's
+    ``observation_space`` (``_misfits``) is raised as an EnvError naming the first such row,
+    and as itself where none does."""
     raw_obs = rows["obs"]
     try:
         return pipeline(rows)
-    except ConnectorError as error:
+    except (ConnectorError, TypeError, ValueError) as error:
         for env_id, agent_id, obs in zip(rows["env_ids"], rows["agent_ids"], raw_obs):
             space = observation_space(agent_id)
             if _misfits(obs, space):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 
 from marl_runner.envs.multi_agent_env import MultiAgentDict, MultiAgentEnv
 
@@ -36,6 +37,7 @@ _DEFECTS: dict[str, Any] = {
         *_GOOD_STEP[3:],
     ),
     "obs_out_of_space": ({"a0": 7}, *_GOOD_STEP[1:]),
+    "obs_object_array": ({"a0": np.array([object()] * 2)}, *_GOOD_STEP[1:]),
 }
 RESET_DEFECTS = ("reset_obs_only",)
 
@@ -48,7 +50,8 @@ class MalformedEnv(MultiAgentEnv):
     `int_past_float_reward`, `complex_reward`,
     `undeclared_obs` / `undeclared_reward` / `undeclared_flag` (for agent
     `ghost`, which has no space), `obs_out_of_space` (obs 7 for a
-    `Discrete(2)` space) (or `none` for well-formed output); reset defect:
+    `Discrete(2)` space), `obs_object_array` (an object array there) (or `none` for
+    well-formed output); reset defect:
     `reset_obs_only`. ``from_step``: the first step (1-based) with the defect, the ones
     before well-formed. For tests that a vector env or
     runner names the sub-env and what was expected. Given by name, so that
