@@ -442,3 +442,21 @@ def test_stop_is_bounded_when_every_envs_close_hangs():
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)  # killed and reaped
+
+
+def test_a_ctrl_c_during_the_shutdown_wait_kills_every_worker_at_once():
+    """(Found by a probe.) A Ctrl-C in the 5 s wait for workers whose envs never close
+    killed only the worker waited for; the interpreter's exit then joined the others
+    (which ignore SIGINT and SIGTERM) forever."""
+    vec = make_vec("subprocess", hanging_close, num_envs=3, num_workers=3)
+    step_all(vec, range(3))
+    pids = vec.worker_pids
+    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        vec.stop()
+    assert time.monotonic() - start < 4
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)  # killed and reaped

@@ -3,6 +3,7 @@ and where their time goes."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import multiprocessing as mp
 import os
@@ -241,11 +242,20 @@ def shut_down_all(workers: list[WorkerHandle]) -> None:
         except Exception:  # one worker's trouble must not leave the others running
             continue
     deadline = monotonic() + SHUTDOWN_TIMEOUT_S
-    for worker in workers:
-        try:
-            worker.wait_closed(deadline)
-        except Exception:
-            continue
+    try:
+        for worker in workers:
+            try:
+                worker.wait_closed(deadline)
+            except Exception:
+                continue
+    except BaseException:
+        # A Ctrl-C cuts the wait short, not the clean-up: the workers not waited for yet are
+        # killed now. (Workers ignore SIGINT and SIGTERM, and the interpreter's exit would
+        # join them with no timeout: forever, for an env whose close hangs.)
+        for worker in workers:
+            with contextlib.suppress(Exception):
+                worker.kill()
+        raise
 
 
 def worker_cpus(num_workers: int) -> list[int | None]:
