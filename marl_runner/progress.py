@@ -215,6 +215,8 @@ def count_batches(
     """
     while _done(counts, unit) < target and not stopped():
         batch = next(batches)
+        if stopped() and not batch.agent_steps():
+            return  # the stopped sample() handed out nothing: no batch
         yield batch
         count_batch(batch, counts, progress, totals)
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import marl_runner.cli.sample as cli_sample
-from marl_runner import Callbacks
+from marl_runner import Callbacks, EnvRunner
 from marl_runner.bench.envs.cheap_env import CheapEnv
 from marl_runner.checks import check_batch_invariants
 from marl_runner.cli import main
@@ -26,6 +26,7 @@ from marl_runner.cli.common import BatchFileWriter
 from marl_runner.client import PolicyClient
 from marl_runner.io import read_batches
 from marl_runner.metrics_log import read_metrics_log
+from marl_runner.sampling.fragments import FragmentBuilder
 
 REPO = Path(__file__).resolve().parents[1]
 SIMPLE_SPREAD = REPO / "examples" / "configs" / "simple_spread.yaml"
@@ -229,6 +230,37 @@ def test_a_second_signal_while_the_last_batch_is_written_waits_for_it(
     assert "wrote 3 batches (20 episodes, 500 env steps)" in captured.out
 
 
+def test_a_second_signal_while_the_last_batch_is_built_waits_for_it(tmp_path, monkeypatch) -> None:
+    """The build of the rows sampled since the last fragment (GAE, say) runs after the
+    first signal's round: a second Ctrl-C there lost the batch (an interrupted build loses
+    its fragment). It is now built where the write is, so the signal waits for both."""
+    request_stop, build = EnvRunner.request_stop, FragmentBuilder._build
+    asked, second_sent = [], []
+
+    def noted_request_stop(self, *args, **kwargs):
+        asked.append(True)
+        return request_stop(self, *args, **kwargs)
+
+    def build_with_a_second_signal(self, *args, **kwargs):
+        if asked and not second_sent:
+            second_sent.append(True)
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.1)  # the handler runs here
+        return build(self, *args, **kwargs)
+
+    monkeypatch.setattr(EnvRunner, "request_stop", noted_request_stop)
+    monkeypatch.setattr(FragmentBuilder, "_build", build_with_a_second_signal)
+    out = tmp_path / "out"
+    code = main(
+        [
+            "sample", str(SIMPLE_SPREAD), "--steps", "100000", *SMALL, "--out", str(out),
+            "--set", "callbacks=tests.test_cli_metrics_out:CtrlCMidSample",
+        ]
+    )
+    assert code == 130 and second_sent
+    assert [b.env_steps() for b in read_batches(out)] == [200, 200, 100]
+
+
 @pytest.mark.parametrize(
     ("callbacks", "exit_code", "env_steps"),
     [("CtrlCTwiceMidSample", 130, 450), ("InterruptOnThirdSample", 130, 600), ("FailOnThirdSample", 1, 600)],
@@ -321,12 +353,14 @@ def test_a_crashing_env_leaves_every_finished_episode_on_disk(tmp_path, capsys) 
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("sent", "exit_code", "workers"),
-    [(signal.SIGINT, 130, 0), (signal.SIGTERM, 143, 0), (signal.SIGINT, 130, 2), (signal.SIGTERM, 143, 2)],
+    [(signal.SIGINT, 130, 0), (signal.SIGTERM, 143, 0), (signal.SIGINT, 130, 2),
+     (signal.SIGTERM, 143, 2), (signal.SIGHUP, 129, 2)],
 )
 def test_sigint_or_sigterm_to_the_command_leaves_a_complete_log(tmp_path, sent, exit_code, workers) -> None:
-    """A real Ctrl-C (SIGINT), or a scheduler's stop (SIGTERM), at a random point of the
-    sampling loop, sent to the command's whole process group (env worker processes too,
-    as a terminal and Slurm do): every episode it counts is on disk, to its end."""
+    """A real Ctrl-C (SIGINT), or a scheduler's stop (SIGTERM), or a closed terminal
+    (SIGHUP), at a random point of the sampling loop, sent to the command's whole process
+    group (env worker processes too, as a terminal and Slurm do): every episode it counts
+    is on disk, to its end."""
     log, out = tmp_path / "metrics.jsonl", tmp_path / "out"
     processes = ["--set", "vectorize=subprocess", "--set", f"num_workers={workers}"] if workers else []
     command = subprocess.Popen(

@@ -73,3 +73,18 @@ def test_after_a_sigterm_the_clean_up_is_not_cut_short() -> None:
         os.kill(os.getpid(), signal.SIGTERM)  # during the clean-up: ignored
         time.sleep(0.1)
     assert signal.getsignal(signal.SIGTERM) is previous
+
+
+def test_a_hang_up_stops_the_run_as_sigterm_does() -> None:
+    """(Found by a probe.) A closed terminal (SIGHUP) ended the run on the spot: the
+    rows since the last batch lost, no last metrics record."""
+    asked: list[bool] = []
+    previous = signal.getsignal(signal.SIGHUP)
+    with GracefulStop(lambda: asked.append(True)) as stop:
+        os.kill(os.getpid(), signal.SIGHUP)
+        time.sleep(0.1)
+        assert asked == [True] and stop.exit_code == 129
+        with pytest.raises(Terminated):
+            os.kill(os.getpid(), signal.SIGHUP)
+            time.sleep(5)  # the handler raises at once
+    assert signal.getsignal(signal.SIGHUP) is previous

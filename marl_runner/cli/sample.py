@@ -209,7 +209,8 @@ def _sample_until(
     line and of the final table are the same numbers.
     """
     batches = group.iter_batches()
-    with GracefulStop(group.request_stop) as stop:
+    # The rows since the last fragment are built by _write_rest, under stop.writing().
+    with GracefulStop(lambda: group.request_stop(flush=False)) as stop:
         try:
             try:
                 for batch in count_batches(

@@ -60,7 +60,8 @@ class GracefulStop:
     an env that hangs, unless it comes while a batch is written (``writing``). Outside
     the main thread it installs nothing."""
 
-    _SIGNALS = (signal.SIGINT, signal.SIGTERM)
+    # SIGHUP: the terminal closed (an SSH connection dropped), handled as SIGTERM.
+    _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
     def __init__(self, on_request: Callable[[], None]) -> None:
         self._on_request = on_request
@@ -77,10 +78,9 @@ class GracefulStop:
 
     @property
     def exit_code(self) -> int:
-        """0 while no stop was asked for; else 130 after Ctrl-C, 143 after SIGTERM."""
-        if self.signum is None:
-            return EXIT_OK
-        return EXIT_TERMINATED if self.signum == signal.SIGTERM else EXIT_INTERRUPTED
+        """0 while no stop was asked for; else 128 + the signal: 130 after Ctrl-C, 143 after
+        SIGTERM, 129 after SIGHUP."""
+        return EXIT_OK if self.signum is None else 128 + self.signum
 
     def __enter__(self) -> GracefulStop:
         if threading.current_thread() is threading.main_thread():
@@ -108,16 +108,23 @@ class GracefulStop:
             self._writing = False
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        self._sigterm_seen = self._sigterm_seen or signum == signal.SIGTERM
+        terminated = signum in (signal.SIGTERM, signal.SIGHUP)
+        self._sigterm_seen = self._sigterm_seen or terminated
         if self.signum is not None and self._writing and not self._waited:
             self._waited = True
-            os.write(2, b"\nstopping: still writing what was sampled (again to stop at once)\n")
+            _say("\nstopping: still writing what was sampled (again to stop at once)\n")
             return
         if self.signum is not None:
-            if signum == signal.SIGTERM:
-                signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the clean-up is not cut short
+            if terminated:
+                signal.signal(signum, signal.SIG_IGN)  # the clean-up is not cut short
                 raise Terminated
             raise KeyboardInterrupt
         self.signum = signum
-        os.write(2, b"\nstopping: writing what was sampled (again to stop at once)\n")
         self._on_request()
+        _say("\nstopping: writing what was sampled (again to stop at once)\n")
+
+
+def _say(text: str) -> None:
+    """To stderr from a signal handler; after a hang-up the terminal may be gone."""
+    with contextlib.suppress(OSError):
+        os.write(2, text.encode())

@@ -216,12 +216,12 @@ class EnvRunnerGroup:
                 self._request_samples({runner_id}, sample_kwargs)  # busy while the caller works
             yield batch
 
-    def request_stop(self) -> None:
+    def request_stop(self, flush: bool = True) -> None:
         """The local runner's `sample()` returns at the end of its round (`EnvRunner.
-        request_stop`); a remote runner's running sample finishes as it would. Only sets
-        flags: a Ctrl-C or SIGTERM handler may call it."""
+        request_stop`, ``flush`` as there); a remote runner's running sample finishes as it
+        would. Only sets flags: a Ctrl-C or SIGTERM handler may call it."""
         if self.local_runner is not None:
-            self.local_runner.request_stop()
+            self.local_runner.request_stop(flush)
 
     def flush(self) -> Any:
         """Everything the runners sampled and have not handed out, as one MultiAgentBatch,

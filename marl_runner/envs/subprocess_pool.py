@@ -7,7 +7,8 @@ import contextlib
 import itertools
 import multiprocessing as mp
 import os
-from collections.abc import Callable
+import signal
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -205,11 +206,29 @@ class WorkerLauncher:
             name=f"marl-runner-env-worker-{index}",
             daemon=True,
         )
-        process.start()
+        with _hang_up_blocked():
+            process.start()
         child_conn.close()
         return WorkerHandle(
             index, env_ids, process, parent_conn, block_prefix, progress, self.cpus[index]
         )
+
+
+@contextlib.contextmanager
+def _hang_up_blocked() -> Iterator[None]:
+    """SIGHUP blocked while a worker starts, and with it, the first time, multiprocessing's
+    fork server and resource tracker: they inherit the mask. A closed terminal hangs up
+    the whole process group; the run's own process then stops it (``GracefulStop``), while
+    the tracker, had it died, would leave the workers' shared memory in /dev/shm. (A
+    worker unblocks SIGHUP behind a handler that does nothing.)"""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def await_ready(worker: WorkerHandle) -> None:

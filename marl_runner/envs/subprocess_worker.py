@@ -229,13 +229,15 @@ def worker_main(
     goes while the worker is busy (building a slow sub-env, say), the worker
     is ended all the same (``exit_with_parent``, given the runner's ``parent_pid``).
     """
-    # Ctrl-C (sent to the whole process group) and SIGTERM (a scheduler stopping the job's
-    # processes) are the parent's to handle: it stops the run at the end of a round and
+    # Ctrl-C (sent to the whole process group), SIGTERM (a scheduler stopping the job's
+    # processes) and SIGHUP (the terminal closed) are the parent's to handle: it stops the
+    # run at the end of a round and
     # then stops its workers; a worker whose parent is gone exits (``exit_with_parent``).
     # A handler that does nothing, not SIG_IGN: an ignored signal stays ignored in the
     # processes a sub-env starts (a simulator it stops with terminate()), a handler does not.
-    for signum in (signal.SIGINT, signal.SIGTERM):
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, _ignore_signal)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP})  # blocked while it started
     if parent_pid is not None:
         exit_with_parent(parent_pid)
     if cpu is not None:

@@ -123,6 +123,7 @@ class EnvRunner:
         self._unreturned_batches: list[MultiAgentBatch] = []
         self._deferred_error: BaseException | None = None
         self._stop_requested = False
+        self._flush_on_stop = True
         self._stopped = False
 
     # ------------------------------------------------------------------ policies
@@ -227,11 +228,9 @@ class EnvRunner:
     ) -> MultiAgentBatch:
         """Steps until the target is reached; by default one fragment (or episode) per sub-env.
 
-        If it raises, the fragments it had built are not lost: the next call
-        returns them (and counts them towards its target). After
-        `request_stop()` it returns at the end of the round, with what
-        `flush()` hands out added.
-        """
+        If it raises, the fragments it had built are not lost: the next call returns them
+        (and counts them towards its target). After `request_stop()` it returns at the end
+        of the round (see there)."""
         batches = self._unreturned_batches
         env_steps = sum(b.env_steps() for b in batches)
         agent_steps = sum(b.agent_steps() for b in batches)
@@ -258,7 +257,8 @@ class EnvRunner:
             if self._stop_requested:
                 break
         if self._stop_requested:  # (also when it came in the round that reached the target)
-            batches.extend(self._fragments.build_ready(self._postprocess, flush=True))
+            if self._flush_on_stop:
+                batches.extend(self._fragments.build_ready(self._postprocess, flush=True))
             self._stop_requested = False
         samples = concat_multi_agent(batches)
         if "on_sample_end" in self._hooks:
@@ -267,11 +267,12 @@ class EnvRunner:
         self._unreturned_batches = []
         return samples
 
-    def request_stop(self) -> None:
-        """A running `sample()` returns at the end of its round, with `flush()`'s rows: how
-        a Ctrl-C or SIGTERM handler ends a run without losing finished episodes (setting a
-        flag is all it does, so a signal handler may call it)."""
+    def request_stop(self, flush: bool = True) -> None:
+        """A running `sample()` returns at the end of its round, with `flush()`'s rows (with
+        ``flush=False``, those are left to the caller's own `flush()`, where a further
+        interrupt cannot cut their build short): a Ctrl-C handler may call it (it sets flags)."""
         self._stop_requested = True
+        self._flush_on_stop = flush
 
     def flush(self) -> MultiAgentBatch:
         """Everything sampled and not handed out yet, for the end of a run, so that every
