@@ -230,6 +230,33 @@ def test_a_second_signal_while_the_last_batch_is_written_waits_for_it(
     assert "wrote 3 batches (20 episodes, 500 env steps)" in captured.out
 
 
+def test_a_third_signal_while_the_last_batch_is_written_says_it_was_lost(
+    tmp_path, monkeypatch, caplog
+) -> None:
+    """One more Ctrl-C stops the write at once, as asked: the batch is lost, and the log
+    says so (the summary counts only what was written)."""
+    write = BatchFileWriter.write
+
+    def write_with_two_more_signals(self, batch, index):
+        if index == 3:
+            for _ in range(2):
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.1)  # the handler runs here
+        return write(self, batch, index)
+
+    monkeypatch.setattr(BatchFileWriter, "write", write_with_two_more_signals)
+    out = tmp_path / "out"
+    code = main(
+        [
+            "sample", str(SIMPLE_SPREAD), "--steps", "100000", *SMALL, "--out", str(out),
+            "--set", "callbacks=tests.test_cli_metrics_out:CtrlCMidSample",
+        ]
+    )
+    assert code == 130
+    assert [b.env_steps() for b in read_batches(out)] == [200, 200]
+    assert "the rows sampled since the last batch not written: KeyboardInterrupt" in caplog.text
+
+
 def test_a_second_signal_while_the_last_batch_is_built_waits_for_it(tmp_path, monkeypatch) -> None:
     """The build of the rows sampled since the last fragment (GAE, say) runs after the
     first signal's round: a second Ctrl-C there lost the batch (an interrupted build loses

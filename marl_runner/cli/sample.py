@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -217,19 +218,19 @@ def _sample_until(
                     batches, counts, unit, target, progress, group.totals, lambda: stop.requested
                 ):
                     if writer is not None:
-                        with stop.writing():
+                        with stop.writing(), _said_if_lost(f"batch {counts.batches + 1}"):
                             writer.write(batch, counts.batches + 1)
                     run_metrics.poll()
             except Exception:
                 # A crash (a sub-env failing with restarts off, say) raises after the other
                 # sub-envs' data is kept: it is written before the error is reported.
-                _write_rest_or_warn(group, counts, progress, writer, "error", stop)
+                _write_rest_or_warn(group, counts, progress, writer, stop)
                 raise
             _write_rest(group, counts, progress, writer, stop)
         except KeyboardInterrupt as exc:
             # The second Ctrl-C or SIGTERM (an env that hangs): the episodes finished before
             # it are still written (flush() steps no env).
-            _write_rest_or_warn(group, counts, progress, writer, "stop", stop)
+            _write_rest_or_warn(group, counts, progress, writer, stop)
             return exit_code_of(exc)
         finally:
             batches.close()
@@ -241,15 +242,12 @@ def _write_rest_or_warn(
     counts: SampleCounts,
     progress: ProgressReporter,
     writer: BatchFileWriter | None,
-    ended_by: str,
     stop: GracefulStop,
 ) -> None:
     """``_write_rest`` on the way out of a run that failed or was stopped hard: if that
-    fails too (another Ctrl-C, say), a warning says so and the way out goes on."""
-    try:
+    fails too (another Ctrl-C, say), its warning says so and the way out goes on."""
+    with contextlib.suppress(BaseException):
         _write_rest(group, counts, progress, writer, stop)
-    except BaseException as failed:
-        logger.warning("the rows sampled before the %s were not written: %r", ended_by, failed)
 
 
 def _write_rest(
@@ -260,12 +258,23 @@ def _write_rest(
     stop: GracefulStop,
 ) -> None:
     """The group's rows not yet handed out (``flush()``), written and counted as a batch."""
-    with stop.writing():
+    with stop.writing(), _said_if_lost("the rows sampled since the last batch"):
         rest = group.flush()
         if rest.agent_steps():
             if writer is not None:
                 writer.write(rest, counts.batches + 1)
             count_batch(rest, counts, progress, group.totals)
+
+
+@contextlib.contextmanager
+def _said_if_lost(what: str) -> Iterator[None]:
+    """A write (or the build before it) that fails, or is stopped at once by one more
+    Ctrl-C, says what it lost, where the summary only counts what was written."""
+    try:
+        yield
+    except BaseException as failed:
+        logger.warning("%s not written: %r", what, failed)
+        raise
 
 
 def _require_ray() -> None:
