@@ -313,10 +313,15 @@ def test_sample_counts_agent_steps(
     assert "4/3 agent steps (100%)" in capsys.readouterr().out  # two batches of 2 rows
 
 
+@pytest.mark.parametrize("left", ["npz", "parquet", "parquet_without_its_manifest"])
 def test_sample_refuses_out_dir_with_batches(
-    tmp_path: Path, fake_runner: type[FakeRunner], capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, fake_runner: type[FakeRunner], capsys: pytest.CaptureFixture[str], left: str
 ) -> None:
-    write_batch(fake_batch(1), tmp_path / "out", 1)
+    """Also the data files of a Parquet batch whose manifest a killed run never wrote:
+    the directory was taken, and the first write failed after sampling."""
+    written = write_batch(fake_batch(1), tmp_path / "out", 1, format=left[:7].rstrip("_"))
+    if left == "parquet_without_its_manifest":
+        written.unlink()
     assert main(["sample", str(write_config(tmp_path)), "--out", str(tmp_path / "out")]) == 2
     assert_one_line_error(capsys.readouterr().err, "already holds batch files")
     assert not fake_runner.instances

@@ -216,10 +216,12 @@ def prepare_out_dir(out_dir: Path, config: RunnerConfig, stack: contextlib.ExitS
         raise CommandError(
             f"--out {out_dir}: another run is writing there now; choose another directory"
         ) from None
-    if list_batch_files(out_dir):
+    # (A Parquet batch's data files without their manifest: a run killed between the two.)
+    earlier = list_batch_files(out_dir) or sorted(out_dir.glob("*/batch_*.parquet"))
+    if earlier:
         raise CommandError(
-            f"--out {out_dir}: already holds batch files from an earlier run; "
-            "choose a new or empty directory"
+            f"--out {out_dir}: already holds batch files from an earlier run ("
+            f"{earlier[0].relative_to(out_dir)}); choose a new or empty directory"
         )
     try:
         (out_dir / "config.yaml").write_text(
