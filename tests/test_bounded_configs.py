@@ -12,6 +12,7 @@ from helpers_bounded import run_capped
 from marl_runner.cli.app import main
 from marl_runner.config import ConfigError, RunnerConfig
 from marl_runner.config.runner_config import MAX_CONFIG_BYTES
+from marl_runner.config.schema import POLICY_KEYS
 from marl_runner.config.yaml_form import MAX_YAML_CHARS, MAX_YAML_DEPTH, MAX_YAML_NODES
 from marl_runner.envs import register_env
 from marl_runner.envs.errors import EnvError
@@ -262,8 +263,8 @@ def test_a_model_too_big_for_the_envs_observations_is_refused_before_it_is_built
     import gymnasium as gym
     import numpy as np
 
-    from marl_runner.config.schema import MAX_BUILT_MODEL_PARAMETERS
     from marl_runner.policy import TorchPolicy
+    from marl_runner.policy.models import MAX_BUILT_MODEL_PARAMETERS
 
     model = {"type": "cnn", "conv": [[16, 8, 4]], "hidden": [256]}
     big = gym.spaces.Box(0, 255, (3000, 3000, 1), np.uint8)
@@ -273,7 +274,7 @@ def test_a_model_too_big_for_the_envs_observations_is_refused_before_it_is_built
     fits = gym.spaces.Box(0, 255, (84, 84, 1), np.uint8)
     policy = TorchPolicy(fits, actions, {"model": model})
     assert sum(p.numel() for p in policy.parameters()) < MAX_BUILT_MODEL_PARAMETERS
-
+    assert f"at most {MAX_BUILT_MODEL_PARAMETERS:,}" in POLICY_KEYS["model"]  # the reference
 
 @pytest.mark.parametrize(
     ("data", "words"),

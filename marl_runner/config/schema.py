@@ -21,7 +21,6 @@ __all__ = [
     "ENV_KEYS",
     "EXCLUDABLE_COLUMNS",
     "FAKE_OBS_MODES",
-    "MAX_BUILT_MODEL_PARAMETERS",
     "MAX_LAYER_WIDTH",
     "MAX_MODEL_LAYERS",
     "MAX_MODEL_PARAMETERS",
@@ -56,10 +55,6 @@ MAX_RUNNERS = 10_000
 #: weights its config alone asks for, e.g. ``hidden`` times ``hidden``): 50M float32 is
 #: 200 MB, 15 times a Nature CNN's policy and value trunks on 84x84 frames (3.4M).
 MAX_MODEL_PARAMETERS = 50_000_000
-#: The most parameters a built-in model may have with the env's sizes (the observation
-#: after the agent connectors, the actions): 250M float32 is 1 GB. Counted on torch's meta
-#: device before the model is built (``check_model_weights``).
-MAX_BUILT_MODEL_PARAMETERS = 250_000_000
 #: The widest layer (hidden size, LSTM cell, conv channels, kernel, stride) a built-in model
 #: may have: with the env's obs size, one layer's weights are this times that.
 MAX_LAYER_WIDTH = 65_536
@@ -92,7 +87,7 @@ POLICY_KEYS = {
     f"hidden and in conv, sizes (hidden, lstm_cell_size, conv) of at most {MAX_LAYER_WIDTH:,}, "
     "and weights, counted with one obs value and one output (the part its config alone "
     f"sets), of at most {MAX_MODEL_PARAMETERS:,}; with the env's sizes (the observation the "
-    f"agent connectors make), at most {MAX_BUILT_MODEL_PARAMETERS:,}.",
+    "agent connectors make), at most 250,000,000 (checked when the model is built).",
     "policy_class": "TorchPolicy, RandomPolicy or 'pkg.mod:Cls' naming a Policy subclass. "
     "Default: TorchPolicy.",
     "agent_connectors": "The agent connector chain: a list of names or {name: ..., <param>: "

@@ -19,7 +19,6 @@ import torch
 from torch import nn
 
 from connectors.imports import import_object
-from marl_runner.config.schema import MAX_BUILT_MODEL_PARAMETERS
 
 __all__ = ["MODEL_KEYS", "CNNModel", "LSTMModel", "MLPModel", "build_model", "is_recurrent_model"]
 
@@ -226,6 +225,13 @@ def _is_conv_layer(layer: Any) -> bool:
     if not (isinstance(layer, Sequence) and len(layer) == 3):
         return False
     return all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in layer)
+
+
+#: The most parameters a built-in model may have with the env's sizes (the observation
+#: after the agent connectors, the actions): 250M float32 is 1 GB. Counted on torch's meta
+#: device before the model is built (``check_model_weights``); the config reference
+#: (``config.schema``) gives the same number.
+MAX_BUILT_MODEL_PARAMETERS = 250_000_000
 
 
 def check_model_weights(
