@@ -217,6 +217,21 @@ def rewrite_table(path: Path, change) -> None:
     pq.write_table(change(table), path, compression="zstd", **options)  # fast for huge values
 
 
+def set_record_dtype(data_file: Path, column: str, dtype: str) -> None:
+    """Rewrites a Parquet data file with its column record for ``column`` saying ``dtype``."""
+
+    def change(table):
+        metadata = dict(table.schema.metadata)
+        records = json.loads(metadata[b"marl_runner.columns"])
+        for record in records:
+            if record["name"] == column:
+                record["dtype"] = dtype
+        metadata[b"marl_runner.columns"] = json.dumps(records).encode()
+        return table.replace_schema_metadata(metadata)
+
+    rewrite_table(data_file, change)
+
+
 def test_a_parquet_column_the_schema_does_not_name_is_not_read(tmp_path):
     """Case 2: a 200 MB zstd column of zeros not in the column records costs nothing (the
     issue's was 1 GB: a reader that reads it peaks past 300 MB here)."""
@@ -260,16 +275,7 @@ def test_a_string_column_record_wider_than_the_file_allows_is_refused(tmp_path):
     manifest = small_parquet_batch(tmp_path, rows=100)
     data_file = tmp_path / "p" / "batch_000001.parquet"
 
-    def widen(table):
-        metadata = dict(table.schema.metadata)
-        records = json.loads(metadata[b"marl_runner.columns"])
-        for record in records:
-            if record["name"] == "names":
-                record["dtype"] = "<U4000000"
-        metadata[b"marl_runner.columns"] = json.dumps(records).encode()
-        return table.replace_schema_metadata(metadata)
-
-    rewrite_table(data_file, widen)
+    set_record_dtype(data_file, "names", "<U4000000")
     out, peak = read_in_child(manifest)
     assert out.startswith("REFUSED") and "<U4000000" in out and "names" in out
     assert str(data_file) in out
@@ -303,16 +309,7 @@ def test_parquet_columns_with_the_wrong_dtype_are_refused(tmp_path):
     manifest = small_parquet_batch(tmp_path)
     data_file = tmp_path / "p" / "batch_000001.parquet"
 
-    def rewards_as_text(table):
-        metadata = dict(table.schema.metadata)
-        records = json.loads(metadata[b"marl_runner.columns"])
-        for record in records:
-            if record["name"] == "rewards":
-                record["dtype"] = "<U8"
-        metadata[b"marl_runner.columns"] = json.dumps(records).encode()
-        return table.replace_schema_metadata(metadata)
-
-    rewrite_table(data_file, rewards_as_text)
+    set_record_dtype(data_file, "rewards", "<U8")
     with pytest.raises(ValueError, match=r"rewards.*<U8.*number"):
         read_batch(manifest)
 
@@ -325,16 +322,7 @@ def test_a_parquet_string_record_without_a_size_or_not_a_dtype_is_refused(tmp_pa
     manifest = small_parquet_batch(tmp_path)
     data_file = tmp_path / "p" / "batch_000001.parquet"
 
-    def unsized(table):
-        metadata = dict(table.schema.metadata)
-        records = json.loads(metadata[b"marl_runner.columns"])
-        for record in records:
-            if record["name"] == "names":
-                record["dtype"] = dtype
-        metadata[b"marl_runner.columns"] = json.dumps(records).encode()
-        return table.replace_schema_metadata(metadata)
-
-    rewrite_table(data_file, unsized)
+    set_record_dtype(data_file, "names", dtype)
     with pytest.raises(ValueError, match=r"columns\[3\].dtype.* is .*expected a bool, number or sized str"):
         read_batch(manifest)
 
