@@ -79,12 +79,15 @@ def test_a_hang_up_stops_the_run_as_sigterm_does() -> None:
     """(Found by a probe.) A closed terminal (SIGHUP) ended the run on the spot: the
     rows since the last batch lost, no last metrics record."""
     asked: list[bool] = []
-    previous = signal.getsignal(signal.SIGHUP)
-    with GracefulStop(lambda: asked.append(True)) as stop:
-        os.kill(os.getpid(), signal.SIGHUP)
-        time.sleep(0.1)
-        assert asked == [True] and stop.exit_code == 129
-        with pytest.raises(Terminated):
+    previous = signal.getsignal(signal.SIGHUP), signal.getsignal(signal.SIGTERM)
+    # As a command runs it: after a hang-up, SIGTERM stays ignored until the command's
+    # own handler is taken down (else this test process would ignore it from now on).
+    with sigterm_as_interrupt():
+        with GracefulStop(lambda: asked.append(True)) as stop:
             os.kill(os.getpid(), signal.SIGHUP)
-            time.sleep(5)  # the handler raises at once
-    assert signal.getsignal(signal.SIGHUP) is previous
+            time.sleep(0.1)
+            assert asked == [True] and stop.exit_code == 129
+            with pytest.raises(Terminated):
+                os.kill(os.getpid(), signal.SIGHUP)
+                time.sleep(5)  # the handler raises at once
+    assert (signal.getsignal(signal.SIGHUP), signal.getsignal(signal.SIGTERM)) == previous
