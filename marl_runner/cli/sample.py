@@ -224,20 +224,20 @@ def _sample_until(
             except Exception:
                 # A crash (a sub-env failing with restarts off, say) raises after the other
                 # sub-envs' data is kept: it is written before the error is reported.
-                _write_rest_or_warn(group, counts, progress, writer, stop)
+                _write_rest_quietly(group, counts, progress, writer, stop)
                 raise
             _write_rest(group, counts, progress, writer, stop)
         except KeyboardInterrupt as exc:
             # The second Ctrl-C or SIGTERM (an env that hangs): the episodes finished before
             # it are still written (flush() steps no env).
-            _write_rest_or_warn(group, counts, progress, writer, stop)
+            _write_rest_quietly(group, counts, progress, writer, stop)
             return exit_code_of(exc)
         finally:
             batches.close()
     return stop.exit_code
 
 
-def _write_rest_or_warn(
+def _write_rest_quietly(
     group: Any,
     counts: SampleCounts,
     progress: ProgressReporter,

@@ -54,7 +54,7 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
 
 class GracefulStop:
-    """While a run samples, the first Ctrl-C or SIGTERM asks it to stop (``on_request``,
+    """While a run samples, the first Ctrl-C, SIGTERM or SIGHUP asks it to stop (``on_request``,
     which only sets flags) so that it writes what it has sampled, finished episodes
     included; a second one stops it at once (``KeyboardInterrupt`` / ``Terminated``), for
     an env that hangs, unless it comes while a batch is written (``writing``). Outside

@@ -231,8 +231,8 @@ def worker_main(
     """
     # Ctrl-C (sent to the whole process group), SIGTERM (a scheduler stopping the job's
     # processes) and SIGHUP (the terminal closed) are the parent's to handle: it stops the
-    # run at the end of a round and
-    # then stops its workers; a worker whose parent is gone exits (``exit_with_parent``).
+    # run at the end of a round and then stops its workers; a worker whose parent is gone
+    # exits (``exit_with_parent``).
     # A handler that does nothing, not SIG_IGN: an ignored signal stays ignored in the
     # processes a sub-env starts (a simulator it stops with terminate()), a handler does not.
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):

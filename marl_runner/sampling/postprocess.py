@@ -37,14 +37,12 @@ def postprocess_trajectories(
             result[policy_id] = batch
             continue
         if by_episode is None:
-            in_key_order = {pid: b.select(s.order) for pid, (b, s) in built.items()}
+            in_key_order = _in_key_order(built)
             # The callback may edit its trajectory in place: the other agents' trajectories
             # it (and a later agent's post-processing) is shown come from a copy of the
             # arrays (one more of each batch, only for the callback). Without it, a policy's
             # post-processing gets views and must not edit its batch in place (GAE adds).
-            as_sampled = in_key_order if on_trajectory is None else {
-                pid: b.select(s.order) for pid, (b, s) in built.items()
-            }
+            as_sampled = in_key_order if on_trajectory is None else _in_key_order(built)
             by_episode = _trajectories_by_episode(built, as_sampled, key_table)
         batch = in_key_order[policy_id]
         pieces = []
@@ -63,6 +61,11 @@ def postprocess_trajectories(
             pieces.append(trajectory)
         result[policy_id] = concat_samples(pieces)
     return result
+
+
+def _in_key_order(built: dict[str, tuple[SampleBatch, Segments]]) -> dict[str, SampleBatch]:
+    """Each policy batch copied with each trajectory's rows together (``Segments.order``)."""
+    return {pid: batch.select(segments.order) for pid, (batch, segments) in built.items()}
 
 
 def _trajectories_by_episode(
